@@ -1,0 +1,253 @@
+"""The GTPO objective (arXiv 2508.03772) as pure tensor functions.
+
+No model, tokenizer or I/O lives here: every function takes tensors and returns
+tensors, so each one can be read next to its equation and tested on its own.
+
+    group_advantages   Eq. 8           A_i = (R_i - mean R) / (std R + eps)
+    conflict_weights   Sec. 5.1, Eq. 5 lambda_{i,t} in {0, 1, 2} from fwd/bwd conflict spans
+    token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
+    entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), as the released code does it
+    gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i (1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t}
+    grpo_loss          Eq. 1           PPO-clipped surrogate - beta * KL (k3), the baseline
+
+Shapes: N completions (N = prompts x G), L completion positions, V vocabulary.
+"""
+import torch
+
+__all__ = [
+    "masked_mean", "token_logprobs", "group_advantages", "conflict_weights",
+    "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "grpo_loss",
+]
+
+
+# -----------------------------------------------------------------------------
+# 0. helpers
+
+def masked_mean(x, mask, dim=None):
+    """Mean of `x` over positions where `mask` is true; 0 (not NaN) where nothing is.
+
+    x, mask: same shape (mask bool/int/float). dim=None averages everything.
+    """
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def token_logprobs(logits, ids):
+    """log pi(ids | context) from logits: gather - logsumexp, in float32.
+
+    logits (..., V), ids (...) long -> (...). Never materialises log_softmax of the
+    full vocabulary in the logits' dtype (bf16 log-softmax loses ~2 decimal digits).
+    """
+    logits = logits.float()
+    chosen = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+# -----------------------------------------------------------------------------
+# 1. group-relative advantages (Eq. 8)
+
+def group_advantages(rewards, group_size, scale=True, eps=1e-4):
+    """A_i = R_i - mean(group), divided by std(group) + eps when `scale` (Eq. 8).
+
+    rewards (N,) with N = n_groups * group_size, each group `group_size` consecutive
+    completions of one prompt -> (N,) float32. std is the unbiased sample std, as in
+    TRL's GRPOTrainer. A group whose rewards are all equal gets exactly 0 (not a
+    rounding residue, not NaN). `scale=False` is the released code's behaviour (it
+    subtracts the mean only; README "equations vs released code").
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+                         f"got shape {tuple(rewards.shape)}")
+    r = rewards.view(-1, group_size)                                # (B, G)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if scale:
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+    flat = (r == r[:, :1]).all(dim=1, keepdim=True)                 # (B, 1) all-equal groups
+    adv = torch.where(flat, torch.zeros_like(adv), adv)
+    return adv.reshape(-1)
+
+
+# -----------------------------------------------------------------------------
+# 2. conflict tokens and lambda (Sec. 5.1, Eq. 5; App. 11 Eq. 21; App. 16 Listing 2)
+
+def _aligned_conflicts(ids, valid, pos, neg):
+    """Positions whose token is shared, at that same aligned position, with >= 1
+    positive and >= 1 negative completion; then the first contiguous run only.
+
+    ids (G, L) long, valid (G, L) bool, pos/neg (G,) bool -> (G, L) bool.
+    Pairwise comparison (G, G, L) instead of the vocabulary-indexed bincount of
+    Listing 2: memory O(G^2 L), independent of V.
+    """
+    same = (ids.unsqueeze(1) == ids.unsqueeze(0))                   # (G, G, L): same[i, j, p]
+    same &= valid.unsqueeze(1) & valid.unsqueeze(0)
+    in_pos = (same & pos.view(1, -1, 1)).any(dim=1)                 # (G, L) some j in G+ matches
+    in_neg = (same & neg.view(1, -1, 1)).any(dim=1)                 # (G, L) some j in G- matches
+    raw = in_pos & in_neg & valid & (pos | neg).unsqueeze(1)
+    return raw.long().cumprod(dim=1).bool()                         # first contiguous span from t=0
+
+
+def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
+    """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21).
+
+    ids (G, L) long, right-padded; mask (G, L) bool/int/float, true on real tokens;
+    advantages (G,) of this group.
+    Returns weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
+
+    * forward conflict at position p of completion i: the token ids[i, p] appears at
+      position p in some completion with A > 0 and in some completion with A < 0;
+    * backward conflict: the same with positions counted from each completion's own
+      last real token (true lengths, not the padded length);
+    * only the first contiguous span from the start (forward) and from the end
+      (backward) counts; conflict = fwd-span OR bwd-span (M_i = M^fw v M^bw, Sec. 5.1);
+    * lambda = pos_weight on conflict tokens of A > 0 completions, 0 on those of
+      A < 0 completions, 1 elsewhere, 0 on padding. A = 0 completions neither have nor
+      cause conflicts.
+    * n_conflict[i] = number of conflict positions of completion i (0 when none).
+
+    combine="product" reproduces the released code (Listing 2, `mask_fwd * mask_bw`):
+    a positive completion's token that lies in BOTH spans gets pos_weight**2 (= 4)
+    instead of Eq. 5's 2. Garbage in padded positions is ignored.
+    """
+    if ids.dim() != 2 or mask.shape != ids.shape:
+        raise ValueError(f"ids and mask must both be (G, L), got {tuple(ids.shape)} and {tuple(mask.shape)}")
+    G, L = ids.shape
+    if advantages.shape != (G,):
+        raise ValueError(f"advantages must be (G,) = ({G},) for one group, got {tuple(advantages.shape)}")
+    if combine not in ("or", "product"):
+        raise ValueError(f"combine must be 'or' (Eq. 5) or 'product' (released code), got {combine!r}")
+    valid = mask.bool()
+    lengths = valid.sum(dim=1)                                      # (G,)
+    steps = torch.arange(L, device=ids.device)
+    if not torch.equal(valid, steps.unsqueeze(0) < lengths.unsqueeze(1)):
+        raise ValueError("mask must be right-padded (real tokens first, then padding) in every row")
+    pos, neg = advantages > 0, advantages < 0                       # (G,)
+
+    fwd = _aligned_conflicts(ids, valid, pos, neg)                  # (G, L)
+
+    # Backward: re-index each row so that r = 0 is its own last real token.
+    rev_idx = (lengths.unsqueeze(1) - 1 - steps.unsqueeze(0)).clamp(min=0)  # (G, L); r -> p
+    ids_rev = ids.gather(1, rev_idx)                                # valid where r < length
+    bwd_rev = _aligned_conflicts(ids_rev, valid, pos, neg)          # (G, L) in r coordinates
+    bwd = bwd_rev.gather(1, rev_idx) & valid                        # p -> r = len-1-p (involution)
+
+    conflict = fwd | bwd                                            # (G, L)
+    lam_conf = torch.where(pos, torch.tensor(pos_weight, dtype=torch.float32, device=ids.device),
+                           torch.tensor(0.0, device=ids.device)).unsqueeze(1)    # (G, 1)
+    if combine == "or":
+        weights = torch.where(conflict, lam_conf, 1.0)
+    else:
+        weights = torch.where(fwd, lam_conf, 1.0) * torch.where(bwd, lam_conf, 1.0)
+    weights = weights * valid                                       # 0 on padding
+    return weights, conflict, conflict.sum(dim=1)
+
+
+def batch_conflict_weights(ids, mask, advantages, group_size, **kw):
+    """conflict_weights over consecutive groups of `group_size` rows.
+
+    ids, mask (N, L); advantages (N,) -> weights (N, L), conflict (N, L), n_conflict (N,).
+    """
+    out = [conflict_weights(i, m, a, **kw) for i, m, a in zip(
+        ids.split(group_size), mask.split(group_size), advantages.split(group_size))]
+    return tuple(torch.cat(parts) for parts in zip(*out))
+
+
+# -----------------------------------------------------------------------------
+# 3. entropy (Sec. 4.2) and the entropy gate (Eq. 6-7)
+
+def token_entropy(logits):
+    """Shannon entropy in nats of softmax(logits): (..., V) -> (...), float32.
+
+    From log-softmax, with p ln p := 0 where p = 0, so -inf logits (masked
+    vocabulary entries) give no NaN.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+
+
+def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
+    """Shaped advantage delta_i * (A_i - gamma <H>_i) of Eq. 6-7, as the released code
+    realises it (App. 16, Listing 3 step 2): the entropy penalty is folded into the
+    advantage and a filtered completion's advantage is set to 0.
+
+    advantages (N,), entropy (N,) = per-completion mean token entropy <H>_i.
+    mode "all": completions with <H>_i > threshold get 0, the rest A - gamma H (Eq. 6
+                with <H>_ini < ln 2);
+         "neg": only A < 0 completions are filtered (GTPO-OnlyNeg, App. 13);
+         "off": A - gamma H for all (Eq. 6 with <H>_ini > ln 2, i.e. delta_i = 1).
+    The entropy is detached: gamma acts through the advantage, not through dH/dtheta.
+    Note: conflict weights are built from the raw advantages; a small positive A_i can
+    turn negative here and still carry lambda = 2 on its conflict tokens, exactly as in
+    the released code.
+    """
+    entropy = entropy.detach().to(advantages.dtype)
+    shaped = advantages - gamma * entropy
+    if mode == "off":
+        return shaped
+    if mode not in ("all", "neg"):
+        raise ValueError(f"entropy gate mode must be 'all', 'neg' or 'off', got {mode!r}")
+    drop = entropy > threshold
+    if mode == "neg":
+        drop &= advantages < 0
+    return torch.where(drop, torch.zeros_like(shaped), shaped)
+
+
+# -----------------------------------------------------------------------------
+# 4. losses
+
+def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None):
+    """GTPO loss (Eq. 7 / Eq. 20), one-iteration case (Sec. 3): the gradient is Eq. 22.
+
+    logprobs (N, L) log pi(o_{i,t}) of the sampled tokens, with grad; mask (N, L);
+    advantages (N,) already gated (entropy_gate); weights (N, L) = lambda_{i,t}.
+        loss = -(1/N) sum_i (1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t},
+        ratio = exp(logp - logp.detach())  (value 1, carries the gradient).
+    n_conflict (N,): divide each completion's term by max(n_conflict_i, 1) -- the
+    released code's normalisation (Listing 3, step 5), not in the equations.
+    Returns (loss, metrics).
+    """
+    mask = mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - logprobs.detach())                 # (N, L) == 1
+    per_token = -ratio * advantages.unsqueeze(1) * weights * mask   # (N, L)
+    per_seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)   # (N,)
+    if n_conflict is not None:
+        per_seq = per_seq / n_conflict.clamp(min=1).to(per_seq.dtype)
+    loss = per_seq.mean()
+    metrics = {"loss": loss.detach(), "gtpo/mean_weight": masked_mean(weights.detach(), mask)}
+    return loss, metrics
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, clip_eps=0.2):
+    """GRPO loss, Eq. 1 (Shao et al. 2024), the baseline.
+
+    Per token: -[min(r A, clip(r, 1-eps, 1+eps) A) - beta * KL_k3], with
+    r = exp(logp - old_logp) and KL_k3 = exp(ref - logp) - (ref - logp) - 1
+    (http://joschu.net/blog/kl-approx.html); mean over each completion's real
+    tokens, then over completions. old_logprobs=None is the one-iteration case
+    (old = logp.detach(), r == 1). ref_logprobs=None or beta=0 drops the KL term.
+    logprobs, old_logprobs, ref_logprobs, mask (N, L); advantages (N,).
+    Returns (loss, metrics) with metrics "kl" (when a reference is given) and "clip_frac".
+    """
+    mask = mask.to(logprobs.dtype)
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    ratio = torch.exp(logprobs - old)                               # (N, L)
+    adv = advantages.unsqueeze(1)                                   # (N, 1)
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    per_token = -torch.min(ratio * adv, clipped * adv)              # (N, L)
+    metrics = {}
+    if ref_logprobs is not None:
+        d = ref_logprobs - logprobs                                 # (N, L)
+        kl = torch.exp(d) - d - 1
+        metrics["kl"] = masked_mean(kl.detach(), mask)
+        if beta:
+            per_token = per_token + beta * kl
+    loss = masked_mean(per_token, mask, dim=1).mean()
+    is_clipped = (ratio * adv > clipped * adv).to(mask.dtype)       # the min took the clipped arm
+    metrics["clip_frac"] = masked_mean(is_clipped.detach(), mask)
+    metrics["loss"] = loss.detach()
+    return loss, metrics
