@@ -1,0 +1,252 @@
+"""Datasets and the prompt (Sec. 6, App. 16.1).
+
+load_task(name, split, data_dir=None) -> list of {"question", "answer", "solution"}
+where `answer` is the reference final answer and `solution` the worked solution
+(None where the dataset has none). Sources, in order:
+  1. `<data_dir>/<name>/<split>.jsonl` (data_dir from the argument or $GTPO_DATA_DIR),
+     with the upstream field names -- the layout of ../shared/data;
+  2. the Hugging Face Hub;
+  3. a path to any local *.jsonl file given as `name`.
+`arithmetic` is generated here from a seed and needs no file at all.
+"""
+import json
+import os
+import random
+import re
+import warnings
+
+SYSTEM_PROMPT = (  # App. 16.1, verbatim
+    "You are a helpful assistant for solving math problems.\n"
+    "Given a question, first think step by step between <reasoning> and </reasoning>.\n"
+    "Then, give the final answer between <answer> and </answer>."
+)
+
+# name -> (Hub id, config(s), split map). Only used when no local file exists.
+HUB = {
+    "gsm8k": ("openai/gsm8k", ["main"], {}),
+    "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
+             "intermediate_algebra", "number_theory", "prealgebra", "precalculus"], {}),
+    "math500": ("HuggingFaceH4/MATH-500", [None], {}),
+    "aime24": ("math-ai/aime24", [None], {}),
+    "amc23": ("math-ai/amc23", [None], {}),
+}
+TASKS = sorted(HUB) + ["arithmetic"]
+
+
+class DataError(ValueError):
+    """A dataset that cannot be found or read; the message says how to fix it."""
+
+
+# -----------------------------------------------------------------------------
+# answer extraction from upstream formats
+
+def last_boxed(text):
+    """Content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if absent."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        m = list(re.finditer(r"\\boxed (\S+)", text))               # "\boxed 5" (rare upstream form)
+        return m[-1].group(1).rstrip("$.") if m else None
+    i = start = starts[-1]
+    depth = 1
+    while i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i].strip()
+        i += 1
+    return None                                                     # unbalanced
+
+
+def split_gsm8k(answer_field):
+    """GSM8K `answer` field -> (final answer without commas, solution without <<calc>> notes)."""
+    if "####" not in answer_field:
+        return None, None
+    sol, final = answer_field.rsplit("####", 1)
+    return final.strip().replace(",", ""), re.sub(r"<<[^>]*>>", "", sol).strip()
+
+
+def _number_text(x):
+    """27.0 -> "27", 0.5 -> "0.5", "025" -> "025" (strings stay as they are)."""
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x).strip()
+
+
+def to_record(obj, where="record"):
+    """Upstream JSON object -> {"question", "answer", "solution"} (fields detected)."""
+    q = next((obj[k] for k in ("question", "problem", "Question", "Problem") if obj.get(k)), None)
+    ans = next((obj[k] for k in ("answer", "Answer") if obj.get(k) is not None), None)
+    sol = next((obj[k] for k in ("solution", "Solution") if obj.get(k)), None)
+    if isinstance(ans, str) and "####" in ans:                      # GSM8K layout
+        ans, sol = split_gsm8k(ans)
+    elif ans is None and isinstance(sol, str):                      # MATH layout
+        ans = last_boxed(sol)
+    if q is None or ans is None or _number_text(ans) == "":
+        raise DataError(f"{where}: need a question ('question' or 'problem') and an answer ('answer', "
+                        f"a GSM8K '#### N' answer, or a 'solution' with \\boxed{{}}); found fields {sorted(obj)}")
+    return {"question": q, "answer": _number_text(ans), "solution": sol}
+
+
+def read_jsonl(path):
+    """Rows of a JSONL file; a malformed line raises DataError naming file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: malformed JSON line ({e.msg} at column {e.colno}); "
+                                f"fix or delete that line") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object per line, got {type(obj).__name__}")
+            rows.append((n, obj))
+    return rows
+
+
+def _records(rows, path, name):
+    """Upstream rows -> records. Rows without a usable final answer (one MATH train item
+    upstream has an empty \\boxed{}) are skipped with a warning giving the count;
+    if no row is usable the first problem is raised."""
+    out, skipped = [], []
+    for n, obj in rows:
+        try:
+            rec = to_record(obj, f"{path}:{n}")
+        except DataError as e:
+            skipped.append(e)
+            continue
+        if name in ("math", "math500"):
+            # the reference is the last \boxed{} of the solution (MATH-500's curated `answer`
+            # agrees; test_rewards.py measures it), so MATH and MATH-500 are scored alike
+            rec["answer"] = last_boxed(obj["solution"]) or rec["answer"]
+        if name in ("aime24", "amc23"):
+            rec["answer"] = str(int(float(rec["answer"])))          # "025" -> "25", 27.0 -> "27"
+        out.append(rec)
+    if skipped and not out:
+        raise skipped[0]
+    if skipped:
+        warnings.warn(f"skipped {len(skipped)} of {len(rows)} records without a usable answer "
+                      f"(first: {skipped[0]})", stacklevel=3)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# the built-in task: short arithmetic word problems with worked solutions
+
+_NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kim", "Leo"]
+_ITEMS = ["apples", "books", "coins", "marbles", "pencils", "stickers", "shells", "cards"]
+
+
+def arithmetic_task(split="train", n=None, seed=0):
+    """Deterministic word problems with small numbers, e.g. "Ava has 7 apples. She buys 5
+    more and gives 3 away. How many apples does Ava have now?" -> "9", with a worked
+    solution. train and test use disjoint seeds."""
+    n = n if n is not None else {"train": 2000, "test": 200}.get(split, 200)
+    rng = random.Random(f"arithmetic-{split}-{seed}")
+    # other splits never repeat a question of the (default-size) train split
+    exclude = set() if split == "train" else {r["question"] for r in arithmetic_task("train", seed=seed)}
+    out = []
+    while len(out) < n:
+        who, what = rng.choice(_NAMES), rng.choice(_ITEMS)
+        kind = rng.randrange(4)
+        a, b = rng.randint(2, 20), rng.randint(2, 12)
+        if kind == 0:
+            c = rng.randint(1, a + b - 1)
+            q = f"{who} has {a} {what}. {who} gets {b} more and then gives {c} away. How many {what} does {who} have now?"
+            s = f"{who} starts with {a} {what}. After getting {b} more: {a} + {b} = {a + b}. After giving {c} away: {a + b} - {c} = {a + b - c}."
+            ans = a + b - c
+        elif kind == 1:
+            q = f"{who} buys {a} boxes of {what} with {b} {what} in each box. How many {what} does {who} buy?"
+            s = f"There are {a} boxes with {b} {what} each, so {a} * {b} = {a * b} {what}."
+            ans = a * b
+        elif kind == 2:
+            total = a * b
+            q = f"{who} shares {total} {what} equally among {b} friends. How many {what} does each friend get?"
+            s = f"{total} {what} shared among {b} friends is {total} / {b} = {a} each."
+            ans = a
+        else:
+            c = rng.randint(2, 9)
+            q = f"{who} has {a} {what}, buys {b} more, and then doubles the collection and adds {c}. How many {what} does {who} have?"
+            s = f"{a} + {b} = {a + b}. Doubling gives 2 * {a + b} = {2 * (a + b)}. Adding {c} gives {2 * (a + b)} + {c} = {2 * (a + b) + c}."
+            ans = 2 * (a + b) + c
+        if q not in exclude:
+            out.append({"question": q, "answer": str(ans), "solution": s})
+    return out
+
+
+# -----------------------------------------------------------------------------
+# loading
+
+def _from_hub(name, split):
+    from datasets import load_dataset                               # heavy import, only here
+    repo, configs, _ = HUB[name]
+    rows = []
+    for cfg in configs:
+        ds = load_dataset(repo, cfg, split=split)
+        rows += [(i, dict(r)) for i, r in enumerate(ds, 1)]
+    return rows
+
+
+def load_task(name, split="train", data_dir=None):
+    """Records {"question", "answer", "solution"} of dataset `name` and `split`.
+
+    name: one of TASKS or a path to a .jsonl file. data_dir: folder with
+    <name>/<split>.jsonl (default $GTPO_DATA_DIR). Raises DataError with a fix.
+    """
+    if name == "arithmetic":
+        return arithmetic_task(split)
+    if name.endswith(".jsonl") or os.sep in name:
+        if not os.path.isfile(name):
+            raise DataError(f"dataset file {name!r} does not exist; give a path to a .jsonl file "
+                            f"with 'question'/'problem' and 'answer'/'solution' fields, or one of {TASKS}")
+        return _records(read_jsonl(name), name, "local")
+    if name not in HUB:
+        raise DataError(f"unknown dataset {name!r}: use one of {TASKS} or a path to a .jsonl file")
+    data_dir = data_dir or os.environ.get("GTPO_DATA_DIR")
+    if data_dir:
+        path = os.path.join(data_dir, name, f"{split}.jsonl")
+        if os.path.isfile(path):
+            return _records(read_jsonl(path), path, name)
+    try:
+        rows = _from_hub(name, split)
+    except Exception as e:  # offline, missing split, no `datasets` ...: one actionable message
+        where = f"{os.path.join(data_dir, name, split + '.jsonl')} does not exist and " if data_dir else ""
+        raise DataError(
+            f"dataset {name!r} split {split!r} is not available: {where}loading {HUB[name][0]!r} from the "
+            f"Hugging Face Hub failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}). "
+            f"Put the file at <DIR>/{name}/{split}.jsonl (upstream field names, one JSON object per line) "
+            f"and pass --data_dir DIR or set GTPO_DATA_DIR=DIR.") from None
+    return _records(rows, f"hub:{HUB[name][0]}", name)
+
+
+# -----------------------------------------------------------------------------
+# prompts
+
+def build_messages(question, one_shot=None):
+    """Chat messages: the paper's system prompt (App. 16.1), then the question.
+    one_shot: optional (question, completion) pair shown as an earlier turn."""
+    msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
+    if one_shot:
+        msgs += [{"role": "user", "content": one_shot[0]}, {"role": "assistant", "content": one_shot[1]}]
+    return msgs + [{"role": "user", "content": question}]
+
+
+def format_prompt(tokenizer, question, one_shot=None):
+    """Prompt text through the tokenizer's chat template, ending where the answer begins."""
+    return tokenizer.apply_chat_template(build_messages(question, one_shot), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def tagged_solution(record):
+    """The worked solution in the paper's tag format: the SFT target."""
+    sol = record["solution"] or ""
+    return f"<reasoning>\n{sol.strip()}\n</reasoning>\n<answer>\n{record['answer']}\n</answer>"
+
+
+def filter_by_prompt_length(records, tokenizer, max_prompt_length, one_shot=None):
+    """Drop records whose prompt is longer than max_prompt_length tokens.
+    Returns (kept, n_dropped) so the caller reports the count."""
+    kept = [r for r in records
+            if len(tokenizer(format_prompt(tokenizer, r["question"], one_shot),
+                             add_special_tokens=False)["input_ids"]) <= max_prompt_length]
+    return kept, len(records) - len(kept)

@@ -1,0 +1,157 @@
+"""Tests for rewards.py: hand-written tricky cases and acceptance checks on the real
+datasets in $GTPO_DATA_DIR (../shared/data in CI; skipped with a reason if absent)."""
+import json
+import os
+
+import pytest
+import torch
+
+from rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number,
+                     score)
+
+DATA = os.environ.get("GTPO_DATA_DIR")
+needs_data = pytest.mark.skipif(not (DATA and os.path.isdir(DATA)),
+                                reason="GTPO_DATA_DIR is not set to the offline datasets (../shared/data)")
+
+
+def wrap(ans):
+    return f"<reasoning>\nsteps\n</reasoning>\n<answer>\n{ans}\n</answer>"
+
+
+# -----------------------------------------------------------------------------
+# formatting and extraction
+
+@pytest.mark.parametrize("text,expect", [
+    ("<reasoning>a</reasoning><answer>5</answer>", 10.0),
+    ("<reasoning>\na\n</reasoning>\n\n<answer>\n5\n</answer>\ntrailing", 10.0),
+    ("<answer>5</answer><reasoning>a</reasoning>", 1.0),        # wrong order: only some structure
+    ("<reasoning>a</reasoning> the answer is 5", 1.0),
+    ("<answer>5</answer>", 1.0),
+    ("<reasoning>a</reasoning><answer>5", 1.0),                  # unclosed answer
+    ("The answer is 5.", 0.0),
+    ("", 0.0),
+    ("<reasoning>a</reasoning><answer></answer>", 10.0),         # format ok, correctness will be 0
+])
+def test_format_reward(text, expect):
+    assert format_reward(text) == expect
+
+
+def test_extract_answer_cases():
+    assert extract_answer("<answer> 42 </answer>") == "42"
+    assert extract_answer("<answer>1</answer> then <answer>2</answer>") == "2"   # the last one
+    assert extract_answer("<answer><answer>7</answer></answer>") == "7"          # nested
+    assert extract_answer("<answer>7") is None
+    assert extract_answer("no tags") is None
+    assert extract_answer("<answer>\n</answer>") == ""
+
+
+# -----------------------------------------------------------------------------
+# numeric answers
+
+@pytest.mark.parametrize("pred,ref,ok", [
+    ("18", "18", True), ("$18", "18", True), ("$18.00", "18", True), ("18 dollars", "18", True),
+    ("1,234", "1234", True), ("$1,234,567.00", "1234567", True), ("\\boxed{25}", "25", True),
+    ("025", "25", True), ("25", "025", True), ("-3", "-3", True), ("\u22123", "-3", True),
+    ("18.0", "18", True), ("0.5", "1/2", True), ("\\frac{3}{4}", "0.75", True), ("x = 7", "7", True),
+    ("The answer is 7.", "7", True), ("50%", "50", True), ("5 cm", "5", True),
+    ("1", "10", False), ("10", "1", False), ("-5", "5", False), ("1,5", "15", False), ("", "0", False),
+    ("7 apples and 3 pears", "7", False), ("18 or 19", "18", False), ("eighteen", "18", False),
+    ("1/0", "0", False),
+])
+def test_numeric_equivalence(pred, ref, ok):
+    assert answers_equal(pred, ref, "gsm8k") is ok
+
+
+def test_parse_number_is_exact():
+    assert parse_number("0.1") + parse_number("0.2") == parse_number("0.3")
+    assert parse_number("not a number") is None and parse_number(None) is None
+
+
+# -----------------------------------------------------------------------------
+# LaTeX answers (math-verify)
+
+@pytest.mark.parametrize("pred,ref,ok", [
+    ("\\dfrac{1}{2}", "\\frac12", True), ("0.5", "\\frac{1}{2}", True),
+    ("(-\\infty, 3]", "(-\\infty,3]", True), ("[2,5)", "(2,5)", False),
+    ("10\\text{ inches}", "10", True), ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("(\\frac{\\pi}{2},3)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),   # ordered tuple
+    ("\\sqrt{2}/2", "\\frac{\\sqrt2}{2}", True), ("2x+1", "1+2x", True),
+    ("1", "10", False), ("x^2", "x^3", False), ("", "3", False),
+])
+def test_latex_equivalence(pred, ref, ok):
+    assert latex_equal(pred, ref) is ok
+    assert answers_equal(pred, ref, "math") is ok
+
+
+def test_score_batch_api():
+    comps = [wrap("18"), wrap("17"), "<answer>18</answer>", "18", wrap("$18.00")]
+    total, fmt, cor = score(comps, ["18"] * 5, "gsm8k")
+    assert fmt.tolist() == [10, 10, 1, 0, 10]
+    assert cor.tolist() == [10, 0, 10, 0, 10]
+    assert torch.equal(total, fmt + cor) and total.dtype == torch.float32
+    with pytest.raises(ValueError):
+        score(comps, ["18"], "gsm8k")
+
+
+# -----------------------------------------------------------------------------
+# acceptance on the real data
+
+def _rows(name, split="test"):
+    with open(os.path.join(DATA, name, f"{split}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@needs_data
+def test_math500_curated_answers_match_loader_reference():
+    from data import load_task
+    recs, raw = load_task("math500", "test"), _rows("math500")
+    misses = [(r["answer"], rec["answer"]) for r, rec in zip(raw, recs)
+              if score([wrap(r["answer"])], [rec["answer"]], "math500")[2].item() != 10]
+    assert len(recs) == 500 and len(misses) <= 5, misses
+
+
+@needs_data
+def test_gsm8k_answers_rewritten_as_a_person_would():
+    from data import load_task
+    recs = load_task("gsm8k", "test")
+    variants, misses = 0, []
+    for r in recs:
+        n = parse_number(r["answer"])
+        forms = [r["answer"], f"${r['answer']}", f"{r['answer']} dollars", f"\\boxed{{{r['answer']}}}"]
+        if n.denominator == 1:
+            n = int(n)
+            forms += [f"{n:,}", f"${n:,}", f"{n}.00", f"${n:,}.00", f"{n:,} eggs", f"{n}.0"]
+        variants += len(forms)
+        misses += [(f, r["answer"]) for f in forms if not answers_equal(f, r["answer"], "gsm8k")]
+    assert len(recs) == 1319 and len(misses) <= variants // 1000, misses[:20]
+
+
+@needs_data
+def test_aime24_references_are_integers_in_both_forms():
+    from data import load_task
+    recs, raw = load_task("aime24", "test"), _rows("aime24")
+    assert len(recs) == 30
+    for r, rec in zip(raw, recs):
+        assert rec["answer"] == str(int(r["answer"]))
+        for form in (r["answer"], str(int(r["answer"])), str(int(r["answer"])).zfill(3)):
+            assert score([wrap(form)], [rec["answer"]], "aime24")[0].item() == 20
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "aime24", "amc23"])
+def test_wrong_answers_score_format_only(name):
+    # a wrong answer = the reference of the next item whose reference differs as text
+    # (about 1% of GSM8K neighbours share the same number, which is rightly correct)
+    from data import load_task
+    recs = load_task(name, "test")
+    n = len(recs)
+    others = []
+    for i in range(n):
+        j = (i + 1) % n
+        while recs[j]["answer"] == recs[i]["answer"]:
+            j = (j + 1) % n
+        others.append(recs[j]["answer"])
+    total, fmt, cor = score([wrap(o) for o in others], [r["answer"] for r in recs], name)
+    false_pos = [(o, r["answer"]) for o, r, t in zip(others, recs, total) if t != 10]
+    assert (fmt == 10).all()
+    assert len(false_pos) <= 0.01 * n, false_pos
