@@ -22,7 +22,7 @@ import torch
 
 import gtpo
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, tagged_solution
-from models import ModelError, load_model
+from models import ALIASES, ModelError, load_model
 from rewards import score
 from rollout import rollout, sequence_logprobs
 
@@ -36,7 +36,7 @@ PAPER = dict(lr=1e-6, generation_size=12, max_prompt_length=4000, max_completion
 # shows it one worked example in the prompt (one_shot) and uses a LoRA-sized learning rate.
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.05, save_steps=20,
-                                 ent_ini_prompts=16, one_shot=True, max_steps=40)}
+                                 ent_ini_prompts=16, one_shot=True, sft_warmup_steps=10, max_steps=36)}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Listing 1
 
 
@@ -82,7 +82,8 @@ def parse_args(argv=None):
     a("--lora_rank", type=int, default=None, help="LoRA rank on q,k,v,o,gate,up,down (Llama 128, Qwen 64); 0 = full fine-tuning")
     a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None, help="4-bit NF4 weights (CUDA only)")
     a("--gradient_checkpointing", action="store_true", help="trade compute for activation memory")
-    a("--sft_warmup_steps", type=int, default=None, help="SFT steps on worked solutions before RL (0 = none)")
+    a("--sft_warmup_steps", type=int, default=None,
+      help="SFT steps (batch_size x G worked solutions each) before RL (0 = none)")
     # GRPO
     a("--beta", type=float, default=0.0, help="GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off")
     a("--clip_eps", type=float, default=0.2, help="GRPO PPO clip range")
@@ -109,6 +110,8 @@ def parse_args(argv=None):
     for k, v in PAPER.items():
         if getattr(args, k) is None:
             setattr(args, k, profile.get(k, v))
+    if args.lora_rank is None:                          # Listing 1: 128 for LLaMA, 64 for Qwen
+        args.lora_rank = ALIASES.get(args.model, (None, 64))[1]
     b1, b2 = BETAS[args.method]
     args.adam_beta1 = b1 if args.adam_beta1 is None else args.adam_beta1
     args.adam_beta2 = b2 if args.adam_beta2 is None else args.adam_beta2
@@ -326,6 +329,9 @@ def main(argv=None):
 
         if sft_phase:
             # ---- SFT: token NLL of the worked solution in the tag format
+            if args.method != "sft":                    # warm-up: as many sequences as an RL step
+                n = args.batch_size * args.generation_size
+                batch = [records[i] for i in order[(k * n) % len(records):][:n].tolist()]
             p_ids, p_mask, c_ids, c_mask = sft_batch(tok, batch, one_shot, device)
             logp, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, with_entropy=False)
             loss = -gtpo.masked_mean(logp, c_mask)
@@ -337,9 +343,11 @@ def main(argv=None):
             prompts = [format_prompt(tok, r["question"], one_shot) for r in batch]
             ro = rollout(model, tok, prompts, G, args.max_completion_length, args.temperature)
             mask = ro.completion_mask
+            t_gen = time.time()
             # ---- 2. rewards -> group advantages (Eq. 8)
             total, fmt, cor = score(ro.texts, [r["answer"] for r in batch for _ in range(G)], task)
             adv = gtpo.group_advantages(total, G, scale=args.scale_rewards).to(device)
+            t_score = time.time()
             # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
             if args.method == "gtpo":
                 weights, conflict, n_conf = gtpo.batch_conflict_weights(
@@ -379,6 +387,7 @@ def main(argv=None):
                     part.backward()
                 loss_sum += part.item()
             loss = torch.tensor(loss_sum)
+            m.update({"time/generate": t_gen - t0, "time/reward": t_score - t_gen, "time/loss": time.time() - t_score})
             h_all = torch.cat(ent_i)
             lengths = mask.sum(1).float()
             std = total.view(-1, G).std(dim=1)
