@@ -9,6 +9,7 @@ config -> model -> data -> optimizer -> [entropy <H>_ini] -> loop:
         --batch_size 2 --generation_size 12 --use_gtpo
 """
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -369,15 +370,11 @@ def main(argv=None):
                                               n_conf[sl] if args.conflict_norm else None)
                 else:
                     ref = None
-                    if use_ref:
-                        with torch.no_grad():
-                            if ref_model is not None:
-                                ref, _ = sequence_logprobs(ref_model, ro.prompt_ids[sl], ro.prompt_mask[sl],
-                                                           ro.completion_ids[sl], mask[sl], with_entropy=False)
-                            else:
-                                with model.disable_adapter():
-                                    ref, _ = sequence_logprobs(model, ro.prompt_ids[sl], ro.prompt_mask[sl],
-                                                               ro.completion_ids[sl], mask[sl], with_entropy=False)
+                    if use_ref:                     # reference = adapters off, or the frozen copy
+                        ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
+                        with torch.no_grad(), ctx:
+                            ref, _ = sequence_logprobs(model if ref_model is None else ref_model, ro.prompt_ids[sl], ro.prompt_mask[sl],
+                                                       ro.completion_ids[sl], mask[sl], with_entropy=False)
                     loss, lm = gtpo.grpo_loss(logp, None, ref, mask[sl], adv[sl], beta=args.beta, clip_eps=args.clip_eps)
                 n_mb = min(s + mb, N) - s
                 if "kl" in lm:
