@@ -1,11 +1,13 @@
 """Sampling G completions per prompt (Sec. 3) and scoring them under the policy.
 
 rollout(...)         one `generate` call for all prompts x G, no grad
-sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad)
+sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
+                     over positions so the (N, L, V) logits never exist (ChunkedLogprobs)
 """
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from gtpo import token_entropy, token_logprobs
 
@@ -64,17 +66,97 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
                    completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
 
 
+class ChunkedLogprobs(torch.autograd.Function):
+    """log pi(target) and entropy from final hidden states through the LM head, `chunk` positions
+    at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256 fp32 = 9 GB).
+
+    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long
+              -> logp (T,) float32, entropy (T,) float32 (no gradient; Eq. 7's gamma acts
+              through the advantage) -- both from each chunk's fp32 logits.
+    backward: recomputes each chunk's logits and forms d logp / d z = onehot(target) - softmax(z)
+              in place, so the peak extra memory is about one (chunk, V) fp32 block.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy):
+        T = hidden.shape[0]
+        logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
+        for s in range(0, T, chunk):
+            z = F.linear(hidden[s:s + chunk], weight, bias).float()                  # (c, V)
+            lse = z.logsumexp(dim=-1)                                                # (c,)
+            logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
+            if with_entropy:                                                         # H = -sum p log p
+                z.sub_(lse[:, None]).clamp_(min=torch.finfo(z.dtype).min)            # log p, -inf -> min
+                for r in range(0, z.shape[0], 32):                                   # small temporaries
+                    zr = z[r:r + 32]
+                    ent[s + r:s + r + zr.shape[0]] = -zr.exp().mul_(zr).sum(dim=-1)
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            h, t, g = hidden[s:s + ctx.chunk], targets[s:s + ctx.chunk], g_logp[s:s + ctx.chunk].float()
+            z = F.linear(h, weight, bias).float()                                    # (c, V)
+            z.sub_(z.logsumexp(dim=-1, keepdim=True)).exp_().mul_(-g[:, None])       # -g * softmax
+            z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
+            dz = z.to(weight.dtype)
+            if need_h:
+                grad_h[s:s + ctx.chunk] = dz @ weight
+            if need_w:
+                grad_w.addmm_(dz.t().float(), h.float())
+            if need_b:
+                grad_b += z.sum(0)
+            del z, dz
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None,
+                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+
+
+def lm_head_of(model):
+    """The output projection when logits are exactly head(hidden) (Llama, Qwen, SmolLM2, Mistral);
+    None for models that rescale or soft-cap logits, which then take the unchunked path."""
+    inner = getattr(model, "module", model)                           # DistributedDataParallel
+    cfg = getattr(inner, "config", None)
+    if cfg is None or any(getattr(cfg, k, None) not in (None, 1, 1.0)
+                          for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    head = inner.get_output_embeddings()
+    return head if isinstance(head, torch.nn.Linear) else None
+
+
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, entropy_chunk=64):
+                      with_entropy=True, chunk_size=256):
     """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}.
 
-    One forward over prompt + completion; logits are kept for the completion positions only
-    (`logits_to_keep`). Returns logprobs (N, L) float32 with grad and entropy (N, L) float32
-    without grad (gamma acts through the advantage, Eq. 7), or None.
+    One forward over prompt + completion. With chunk_size > 0 the model returns only its final
+    hidden states (`logits_to_keep=1`), and the LM head runs over the real completion tokens in
+    chunks (ChunkedLogprobs): memory O(chunk x V) instead of O(N x L x V). chunk_size=0 keeps the
+    full (N, L, V) logits (the reference path the tests compare against).
+    Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
+    (N, L) float32 without grad, or None.
     """
     L = completion_ids.shape[1]
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    head = lm_head_of(model) if chunk_size > 0 else None
+    if head is not None:
+        out = model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False,
+                    output_hidden_states=True)
+        hidden = out.hidden_states[-1][:, -L - 1:-1]                      # (N, L, D): position t predicts o_t
+        keep = completion_mask.bool()                                     # (N, L)
+        logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
+                                          chunk_size, with_entropy)
+        zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
+        return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
     logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=L + 1, use_cache=False).logits
     logits = logits[:, :-1]                                           # (N, L, V): position t predicts o_t
     logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
@@ -82,5 +164,5 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     if with_entropy:
         with torch.no_grad():
             flat = logits.detach().flatten(0, 1)
-            entropy = torch.cat([token_entropy(c) for c in flat.split(entropy_chunk * 8)]).view(logits.shape[:2])
+            entropy = torch.cat([token_entropy(c) for c in flat.split(512)]).view(logits.shape[:2])
     return logprobs, entropy

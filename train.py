@@ -37,7 +37,7 @@ PAPER = dict(lr=1e-6, generation_size=12, max_prompt_length=4000, max_completion
 # shows it one worked example in the prompt (one_shot) and uses a LoRA-sized learning rate.
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.05, save_steps=20,
-                                 ent_ini_prompts=16, one_shot=True, sft_warmup_steps=10, max_steps=36)}
+                                 ent_ini_prompts=16, one_shot=True, sft_warmup_steps=4, max_steps=36)}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Listing 1
 
 
@@ -64,6 +64,8 @@ def parse_args(argv=None):
     a("--batch_size", type=int, default=1, help="PROMPTS per optimizer step; each gets --generation_size completions")
     a("--generation_size", type=int, default=None, help="G, completions per prompt (paper: 8 or 12)")
     a("--micro_batch_size", type=int, default=0, help="completions per forward/backward (0 = all at once)")
+    a("--logprob_chunk", type=int, default=256,
+      help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
     a("--epochs", type=int, default=1, help="passes over the training prompts (Listing 1: 1)")
     a("--max_steps", type=int, default=None, help="stop after this many optimizer steps (-1 = epochs decide)")
     a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)")
@@ -164,16 +166,14 @@ def last_checkpoint(out):
 
 
 def save_checkpoint(path, model, tokenizer, optimizer, scheduler, state):
-    """Adapter (PEFT format) or full model + optimizer, scheduler, step, RNG, config.
+    """Adapter (PEFT format) or full model + optimizer, scheduler and `state` (step, RNG of every
+    rank, config, <H>_ini) in trainer_state.pt.
     Written to a temporary folder and renamed, so a kill mid-save leaves the old one intact."""
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, **state},
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **state},
                os.path.join(tmp, "trainer_state.pt"))
     shutil.rmtree(path, ignore_errors=True)
     os.rename(tmp, path)
@@ -234,7 +234,8 @@ def measure_initial_entropy(model, tokenizer, records, args, one_shot):
         prompts = [format_prompt(tokenizer, r["question"], one_shot) for r in recs[i:i + 8]]
         ro = rollout(model, tokenizer, prompts, 1, args.max_completion_length, args.temperature)
         with torch.no_grad():
-            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                       chunk_size=args.logprob_chunk)
         vals.append(gtpo.masked_mean(ent, ro.completion_mask, dim=1))
     return torch.cat(vals).mean().item()
 
@@ -242,19 +243,118 @@ def measure_initial_entropy(model, tokenizer, records, args, one_shot):
 # -----------------------------------------------------------------------------
 # 3. main
 
+class Dist:
+    """torch.distributed for `torchrun --nproc_per_node K train.py ...` (NCCL on GPUs, gloo on CPU);
+    a no-op with one process. Each rank rolls out its own prompts; DDP averages the gradients."""
+
+    def __init__(self, device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = device
+        if self.world > 1:
+            import torch.distributed as dist
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            if device.startswith("cuda"):
+                self.device = f"cuda:{local}"
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+            self.dist = dist
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def wrap(self, model):
+        if self.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[self.device] if self.device.startswith("cuda") else None)
+
+    def mean(self, values):
+        """Average a dict of floats over ranks (same keys on every rank)."""
+        if self.world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(t)
+        return dict(zip(keys, (t / self.world).tolist()))
+
+    def gather(self, obj):
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self):
+        if self.world > 1:
+            self.dist.barrier()
+
+    def close(self):
+        if self.world > 1:
+            self.dist.destroy_process_group()
+
+
+def weights_fingerprint(params):
+    """Two exact integer checksums of the raw bits of the trainable weights (ranks must agree)."""
+    total, mixed = 0, 0
+    for j, p in enumerate(params):
+        bits = p.detach().contiguous().view(torch.int16 if p.element_size() == 2 else torch.int32).flatten().long()
+        total += bits.sum().item()
+        mixed += (bits * (torch.arange(bits.numel(), device=bits.device) % 8191 + j)).sum().item()
+    return total, mixed
+
+
+class StopFlag:
+    """SIGTERM / first Ctrl-C: finish the current step, save a checkpoint, exit 0."""
+
+    def __init__(self):
+        import signal
+        import threading
+        self.signal, self.old = None, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handler)
+
+    def restore(self):
+        import signal
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum, frame):
+        import signal
+        if self.signal is not None:                 # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(f"\n{self.signal}: finishing this step, then saving a checkpoint (send it again to stop now)",
+              file=sys.stderr)
+
+
 def main(argv=None):
+    stop = StopFlag()
+    try:
+        return run(argv, stop)
+    finally:
+        stop.restore()
+
+
+def run(argv, stop):
     args = parse_args(argv)
-    prepare_output_dir(args)
-    log = print
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    dist = Dist(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device, W, rank = dist.device, dist.world, dist.rank
+    if dist.main:
+        prepare_output_dir(args)
+    dist.barrier()
+    log = print if dist.main else (lambda *a, **k: None)
+    random.seed(args.seed + rank)
+    torch.manual_seed(args.seed)                        # same LoRA init on every rank (DDP also broadcasts it)
 
     model, tok, info = load_model(args.model, lora_rank=args.lora_rank, load_in_4bit=args.load_in_4bit,
                                   device=device, gradient_checkpointing=args.gradient_checkpointing, log=log)
     args.lora_rank = info["lora_rank"]
     log(f"model {args.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
-        f"LoRA rank {args.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {device}")
+        f"LoRA rank {args.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {device}"
+        + (f", {W} ranks" if W > 1 else ""))
 
     records = load_task(args.dataset, "train", args.data_dir)
     task = os.path.basename(args.dataset).removesuffix(".jsonl")
@@ -269,7 +369,8 @@ def main(argv=None):
         raise DataError(f"no training prompts left in {args.dataset!r} after dropping prompts longer than "
                         f"--max_prompt_length {args.max_prompt_length}; raise it")
 
-    steps_per_epoch = math.ceil(len(records) / args.batch_size)
+    # one optimizer step = batch_size prompts x G completions on each of the W ranks
+    steps_per_epoch = math.ceil(len(records) / (args.batch_size * W))
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(args, params)
@@ -284,29 +385,37 @@ def main(argv=None):
             raise ConfigError(f"--resume: {args.output_dir} has no checkpoint-* folder yet; start without --resume")
         load_weights(model, ckpt)
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+        if state.get("world_size", 1) != W:
+            raise ConfigError(f"--resume: {ckpt} was written by {state.get('world_size', 1)} processes, this run "
+                              f"has {W}; resume with the same --nproc_per_node")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        rng = state["rng"][rank] if isinstance(state["rng"], list) else state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and device.startswith("cuda"):
+            torch.cuda.set_rng_state(rng["cuda"], device)
         start = state["step"]
-        truncate_metrics(metrics_path, start)
+        if dist.main:
+            truncate_metrics(metrics_path, start)
         log(f"resumed from {ckpt} at step {start}")
-    json.dump({**vars(args), "total_steps": total_steps}, open(os.path.join(args.output_dir, "config.json"), "w"),
-              indent=2)
+    else:
+        torch.manual_seed(args.seed + rank)             # different samples on each rank
+    if dist.main:
+        json.dump({**vars(args), "total_steps": total_steps, "world_size": W},
+                  open(os.path.join(args.output_dir, "config.json"), "w"), indent=2)
 
     # Eq. 6: filter completions only for models whose initial entropy is below ln 2
     filter_mode = args.entropy_filter
     if args.method == "gtpo" and filter_mode == "auto":
         if state.get("h_ini") is None:
-            state["h_ini"] = measure_initial_entropy(model, tok, records, args, one_shot)
+            state["h_ini"] = dist.mean({"h": measure_initial_entropy(model, tok, records, args, one_shot)})["h"]
         filter_mode = "all" if state["h_ini"] < math.log(2) else "off"
         log(f"<H>_ini = {state['h_ini']:.3f} over {min(args.ent_ini_prompts, len(records))} prompts "
             f"{'<' if filter_mode == 'all' else '>='} ln 2 -> entropy filter {filter_mode} (Eq. 6)")
 
     wandb = None
-    if args.report_to == "wandb":
+    if args.report_to == "wandb" and dist.main:
         import wandb
         wandb.init(project="gtpo", config=vars(args), resume="allow")
     use_ref = args.method == "grpo" and args.beta > 0
@@ -314,17 +423,20 @@ def main(argv=None):
     if use_ref and args.lora_rank == 0:                 # no adapters to switch off: keep a frozen copy
         import copy
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    policy = dist.wrap(model)                           # DDP for the gradient pass; `model` generates
 
     from tqdm import tqdm
-    bar = tqdm(range(start, total_steps), initial=start, total=total_steps, desc=args.method, dynamic_ncols=True)
-    metrics_f = open(metrics_path, "a")
+    bar = tqdm(range(start, total_steps), initial=start, total=total_steps, desc=args.method, dynamic_ncols=True,
+               disable=not dist.main)
+    metrics_f = open(metrics_path, "a") if dist.main else None
     nonfinite_run = 0
     model.train()
     for step in bar:
         t0 = time.time()
         epoch, k = divmod(step, steps_per_epoch)
         order = torch.randperm(len(records), generator=torch.Generator().manual_seed(args.seed + epoch))
-        batch = [records[i] for i in order[k * args.batch_size:(k + 1) * args.batch_size].tolist()]
+        part = k * W + rank                             # this rank's slice of the epoch's order
+        batch = [records[i] for i in order[part * args.batch_size:(part + 1) * args.batch_size].tolist()]
         m = {"step": step + 1, "epoch": epoch}
         sft_phase = args.method == "sft" or step < args.sft_warmup_steps
 
@@ -332,9 +444,10 @@ def main(argv=None):
             # ---- SFT: token NLL of the worked solution in the tag format
             if args.method != "sft":                    # warm-up: as many sequences as an RL step
                 n = args.batch_size * args.generation_size
-                batch = [records[i] for i in order[(k * n) % len(records):][:n].tolist()]
+                batch = [records[i] for i in order[(part * n) % len(records):][:n].tolist()]
             p_ids, p_mask, c_ids, c_mask = sft_batch(tok, batch, one_shot, device)
-            logp, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, with_entropy=False)
+            logp, _ = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, with_entropy=False,
+                                        chunk_size=args.logprob_chunk)
             loss = -gtpo.masked_mean(logp, c_mask)
             loss.backward()
             m.update(phase="sft", loss=loss.item())
@@ -353,37 +466,39 @@ def main(argv=None):
             if args.method == "gtpo":
                 weights, conflict, n_conf = gtpo.batch_conflict_weights(
                     ro.completion_ids, mask, adv, G, pos_weight=args.conflict_weight, combine=args.conflict_combine)
-            # ---- 4. loss over micro-batches of completions, backward
+            # ---- 4. loss over micro-batches of completions, backward (DDP syncs on the last one)
             N = len(ro.texts)
             mb = args.micro_batch_size or N
             ent_i, gated, kls, loss_sum = [], [], [], 0.0
             for s in range(0, N, mb):
                 sl = slice(s, s + mb)
-                logp, ent = sequence_logprobs(model, ro.prompt_ids[sl], ro.prompt_mask[sl],
-                                              ro.completion_ids[sl], mask[sl])
-                h = gtpo.masked_mean(ent, mask[sl], dim=1)                       # <H>_i
-                ent_i.append(h)
-                if args.method == "gtpo":
-                    a = gtpo.entropy_gate(adv[sl], h, args.ent_threshold, args.ent_gamma, filter_mode)  # Eq. 6-7
-                    gated.append(a)
-                    loss, lm = gtpo.gtpo_loss(logp, mask[sl], a, weights[sl],
-                                              n_conf[sl] if args.conflict_norm else None)
-                else:
-                    ref = None
-                    if use_ref:                     # reference = adapters off, or the frozen copy
-                        ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
-                        with torch.no_grad(), ctx:
-                            ref, _ = sequence_logprobs(model if ref_model is None else ref_model, ro.prompt_ids[sl], ro.prompt_mask[sl],
-                                                       ro.completion_ids[sl], mask[sl], with_entropy=False)
-                    loss, lm = gtpo.grpo_loss(logp, None, ref, mask[sl], adv[sl], beta=args.beta, clip_eps=args.clip_eps)
-                n_mb = min(s + mb, N) - s
-                if "kl" in lm:
-                    kls.append(lm["kl"] * n_mb)
-                part = loss * n_mb / N                                           # mean over all N completions
-                if torch.isfinite(part):
-                    part.backward()
-                loss_sum += part.item()
-            loss = torch.tensor(loss_sum)
+                sync = s + mb >= N or W == 1
+                with contextlib.nullcontext() if sync else policy.no_sync():
+                    logp, ent = sequence_logprobs(policy, ro.prompt_ids[sl], ro.prompt_mask[sl],
+                                                  ro.completion_ids[sl], mask[sl], chunk_size=args.logprob_chunk)
+                    h = gtpo.masked_mean(ent, mask[sl], dim=1)                       # <H>_i
+                    ent_i.append(h)
+                    if args.method == "gtpo":
+                        a = gtpo.entropy_gate(adv[sl], h, args.ent_threshold, args.ent_gamma, filter_mode)  # Eq. 6-7
+                        gated.append(a)
+                        loss, lm = gtpo.gtpo_loss(logp, mask[sl], a, weights[sl],
+                                                  n_conf[sl] if args.conflict_norm else None)
+                    else:
+                        ref = None
+                        if use_ref:                 # reference = adapters off, or the frozen copy
+                            ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
+                            with torch.no_grad(), ctx:
+                                ref, _ = sequence_logprobs(model if ref_model is None else ref_model,
+                                                           ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl],
+                                                           mask[sl], with_entropy=False, chunk_size=args.logprob_chunk)
+                        loss, lm = gtpo.grpo_loss(logp, None, ref, mask[sl], adv[sl], beta=args.beta,
+                                                  clip_eps=args.clip_eps)
+                    n_mb = min(s + mb, N) - s
+                    if "kl" in lm:
+                        kls.append(lm["kl"] * n_mb)
+                    part_loss = loss * n_mb / N                                      # mean over all N completions
+                    part_loss.backward()          # always (DDP ranks must agree); a NaN is caught at the step
+                loss_sum += part_loss.item()
             m.update({"time/generate": t_gen - t0, "time/reward": t_score - t_gen, "time/loss": time.time() - t_score})
             h_all = torch.cat(ent_i)
             lengths = mask.sum(1).float()
@@ -402,7 +517,7 @@ def main(argv=None):
                           "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
             if kls:
                 m["kl"] = (sum(kls) / N).item()
-            if args.sample_every and (step % args.sample_every == 0 or step == total_steps - 1):
+            if dist.main and args.sample_every and (step % args.sample_every == 0 or step == total_steps - 1):
                 with open(os.path.join(args.output_dir, "samples.jsonl"), "a") as f:
                     for i in range(min(G, 4)):
                         f.write(json.dumps({"step": step + 1, "question": batch[0]["question"],
@@ -410,8 +525,9 @@ def main(argv=None):
                                             "reward": total[i].item()}) + "\n")
 
         # ---- 5. clip, step (non-finite loss or gradient: skip the step, count it)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-        if torch.isfinite(loss) and torch.isfinite(grad_norm):
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)   # grads are already averaged
+        m.update(dist.mean({k: v for k, v in m.items() if k not in ("step", "epoch", "phase")}))
+        if math.isfinite(m["loss"]) and torch.isfinite(grad_norm):
             optimizer.step()
             nonfinite_run = 0
         else:
@@ -422,24 +538,45 @@ def main(argv=None):
         m.update(grad_norm=grad_norm.item(), lr=scheduler.get_last_lr()[0], step_time=time.time() - t0)
 
         # ---- 6. log, checkpoint
-        metrics_f.write(json.dumps(m) + "\n")
-        metrics_f.flush()
-        if wandb:
-            wandb.log(m, step=step + 1)
+        if dist.main:
+            metrics_f.write(json.dumps(m) + "\n")
+            metrics_f.flush()
+            if wandb:
+                wandb.log(m, step=step + 1)
         bar.set_postfix({k: round(m[k], 3) for k in ("reward", "rewards/format", "entropy", "loss") if k in m})
         if nonfinite_run >= 5:
             raise FloatingPointError(f"{nonfinite_run} consecutive steps had a non-finite loss or gradient "
                                      f"(last at step {step + 1}); lower --lr or check the data. "
                                      f"Checkpoints in {args.output_dir} are intact.")
-        if (step + 1) % args.save_steps == 0 or step + 1 == total_steps:
-            save_checkpoint(os.path.join(args.output_dir, f"checkpoint-{step + 1}"), model, tok, optimizer,
-                            scheduler, {"step": step + 1, "h_ini": state.get("h_ini"), "config": vars(args)})
-    metrics_f.close()
-    final = os.path.join(args.output_dir, "final")
-    shutil.rmtree(final, ignore_errors=True)
-    model.save_pretrained(final)
-    tok.save_pretrained(final)
-    log(f"done: {total_steps} steps; adapter/model in {final}, metrics in {metrics_path}")
+        stopping = any(dist.gather(stop.signal is not None))
+        if (step + 1) % args.save_steps == 0 or step + 1 == total_steps or stopping:
+            rngs = dist.gather({"torch": torch.get_rng_state(), "python": random.getstate(),
+                                **({"cuda": torch.cuda.get_rng_state(device)} if device.startswith("cuda") else {})})
+            if dist.main:
+                save_checkpoint(os.path.join(args.output_dir, f"checkpoint-{step + 1}"), model, tok, optimizer,
+                                scheduler, {"step": step + 1, "h_ini": state.get("h_ini"), "config": vars(args),
+                                            "rng": rngs if W > 1 else rngs[0], "world_size": W})
+            dist.barrier()
+        if stopping:
+            bar.close()
+            log(f"stopped after step {step + 1} of {total_steps} ({stop.signal or 'signal on another rank'}); "
+                f"checkpoint-{step + 1} saved. Continue with the same command plus --resume")
+            dist.close()
+            return 0
+    if metrics_f:
+        metrics_f.close()
+    if W > 1:
+        prints = dist.gather(weights_fingerprint(params))
+        if any(p != prints[0] for p in prints):
+            raise RuntimeError(f"DDP ranks ended with different weights: {prints}")
+        log(f"ddp: trainable weights bit-identical on all {W} ranks")
+    if dist.main:
+        final = os.path.join(args.output_dir, "final")
+        shutil.rmtree(final, ignore_errors=True)
+        model.save_pretrained(final)
+        tok.save_pretrained(final)
+    log(f"done: {total_steps} steps; adapter/model in {os.path.join(args.output_dir, 'final')}, metrics in {metrics_path}")
+    dist.close()
     return 0
 
 
@@ -449,3 +586,6 @@ if __name__ == "__main__":
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

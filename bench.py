@@ -1,0 +1,348 @@
+"""Benchmarks: the cost of every stage, printed as a table and written to bench.json.
+
+    python bench.py                     # all three parts on CPU (about 5 minutes on 2 cores)
+    python bench.py --parts step --steps 5
+    python bench.py --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
+
+1. conflict   gtpo.conflict_weights against a vocabulary-indexed implementation in the style of the
+              paper's Listing 2 (bincount over t * V + token keys), at the paper's scale
+              (G=12, L=1500, V=128256) and the demo's (G=8, L=256, V=49152): time and peak extra memory.
+2. loss       peak extra memory of log-probs + entropy + GTPO loss + backward through the LM head for
+              N=12, L=1024 completion tokens and SmolLM2's head (V=49152, D=576), chunked
+              (rollout.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
+              input, so the measurement isolates what chunking changes.
+3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
+              min_new_tokens): generation, reward, conflict masks, reference pass, log-prob forward,
+              backward, optimizer, for GTPO, GRPO beta=0 and GRPO beta=0.04 -- and the floor: one
+              generate, one forward+backward of a plain policy-gradient loss, one optimizer step.
+              Methods alternate within each round; medians over --steps rounds after one warm-up.
+
+Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
+counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import gtpo
+
+MB = 2 ** 20
+
+
+# -----------------------------------------------------------------------------
+# measuring
+
+def _status_kb(field):
+    return int(re.search(rf"{field}:\s+(\d+)", open("/proc/self/status").read()).group(1))
+
+
+def measure(fn, device, repeats):
+    """(median seconds, peak extra bytes) of fn() on `device`, peak over all repeats."""
+    times = []
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _status_kb("VmRSS") * 1024
+        with open("/proc/self/clear_refs", "w") as f:              # reset VmHWM to the current RSS
+            f.write("5")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda") else _status_kb("VmHWM") * 1024) - base
+    return statistics.median(times), peak
+
+
+def in_child(probe, cfg, device):
+    """Run a probe in a fresh process on CPU (a clean peak-RSS counter); in-process on CUDA."""
+    if device.startswith("cuda"):
+        return PROBES[probe](cfg, device)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", probe, "--probe_cfg", json.dumps(cfg)],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    if r.returncode != 0:
+        raise RuntimeError(f"probe {probe} {cfg} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# -----------------------------------------------------------------------------
+# 1. conflict masks
+
+def vocab_indexed_conflict(ids, mask, adv, vocab_size, pos_weight=2.0):
+    """Forward/backward conflict weights the way the paper's Listing 2 builds them (App. 16.3):
+    presence maps over keys t * V + token from `bincount` (two L*V maps per direction), the first
+    contiguous run by cumprod, the backward direction on flipped-and-shifted ids. Written here only
+    to be measured against gtpo.conflict_weights."""
+    G, L = ids.shape
+    valid = mask.bool()
+    pos, neg = adv > 0, adv < 0
+
+    def one_direction(ids_, valid_):
+        keys = torch.arange(L, device=ids.device)[None] * vocab_size + ids_              # (G, L)
+        n = L * vocab_size
+        pos_map = torch.bincount(keys[pos[:, None] & valid_], minlength=n).clamp_(max=1)  # (L*V,)
+        neg_map = torch.bincount(keys[neg[:, None] & valid_], minlength=n).clamp_(max=1)
+        raw = (pos_map[keys] & neg_map[keys]).bool() & valid_                             # (G, L)
+        run = raw.long().cumprod(dim=1).bool()
+        w = torch.ones(G, L, device=ids.device)
+        w[run & pos[:, None]] = pos_weight
+        w[run & neg[:, None]] = 0.0
+        return w, run
+
+    w_fw, c_fw = one_direction(ids, valid)
+    lengths = valid.sum(1)
+    shift = (torch.arange(L, device=ids.device)[None] + L - lengths[:, None]) % L           # rotate right-pads to the front
+    rev = ids.gather(1, shift).flip(1)
+    valid_rev = valid.gather(1, shift).flip(1)
+    w_bw_rev, c_bw_rev = one_direction(rev, valid_rev)
+    back = torch.argsort(shift, dim=1)
+    w_bw = w_bw_rev.flip(1).gather(1, back)
+    c_bw = c_bw_rev.flip(1).gather(1, back)
+    return w_fw * w_bw * valid, (c_fw | c_bw) & valid
+
+
+def _conflict_inputs(G, L, V, seed=0):
+    """A group with realistic structure: a shared opening, a shared closing span, random middles,
+    unequal lengths, mixed-sign advantages."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (G, L), generator=g)
+    ids[:, :40] = torch.randint(0, V, (40,), generator=g)                  # shared prefix
+    lengths = torch.randint(L // 2, L + 1, (G,), generator=g)
+    lengths[0] = L
+    tail = torch.randint(0, V, (12,), generator=g)
+    for i in range(G):
+        ids[i, lengths[i] - 12:lengths[i]] = tail                           # shared suffix
+    mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    adv = torch.randn(G, generator=g)
+    return ids, mask, adv
+
+
+def probe_conflict(cfg, device):
+    ids, mask, adv = (t.to(device) for t in _conflict_inputs(cfg["G"], cfg["L"], cfg["V"]))
+    if cfg["impl"] == "ours":
+        fn = lambda: gtpo.conflict_weights(ids, mask, adv)                 # noqa: E731
+    else:
+        fn = lambda: vocab_indexed_conflict(ids, mask, adv, cfg["V"])      # noqa: E731
+    fn()                                                                   # warm-up (not in the peak)
+    sec, peak = measure(fn, device, cfg["repeats"])
+    return {"seconds": sec, "peak_bytes": peak}
+
+
+# -----------------------------------------------------------------------------
+# 2. loss memory
+
+def probe_loss(cfg, device):
+    from rollout import ChunkedLogprobs
+    N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["chunk"]
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(V, D, generator=g) * 0.05).to(device)            # frozen LM head (LoRA)
+    hidden = torch.randn(N, L, D, generator=g).to(device).requires_grad_()
+    ids = torch.randint(0, V, (N, L), generator=g).to(device)
+    mask = torch.ones(N, L, dtype=torch.long, device=device)
+    adv = torch.randn(N, generator=g).to(device)
+    w = torch.ones(N, L, device=device)
+
+    def run():
+        if chunk:
+            keep = mask.bool()
+            lp, ent = ChunkedLogprobs.apply(hidden[keep], weight, None, ids[keep], chunk, True)
+            logp, ent = lp.view(N, L), ent.view(N, L)
+        else:
+            logits = hidden @ weight.T                                      # (N, L, V)
+            logp = gtpo.token_logprobs(logits, ids)
+            with torch.no_grad():
+                ent = torch.cat([gtpo.token_entropy(c) for c in logits.detach().flatten(0, 1).split(512)]).view(N, L)
+        a = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, mask, 1), 0.7, 0.1)
+        loss, _ = gtpo.gtpo_loss(logp, mask, a, w)
+        loss.backward()
+        hidden.grad = None
+
+    sec, peak = measure(run, device, 1)
+    return {"seconds": sec, "peak_bytes": peak}
+
+
+PROBES = {"conflict": probe_conflict, "loss": probe_loss}
+
+
+# -----------------------------------------------------------------------------
+# 3. one training step
+
+class Clock:
+    def __init__(self, device):
+        self.device, self.t, self.parts = device, time.perf_counter(), {}
+
+    def __call__(self, name):
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.parts[name] = self.parts.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def rl_step(model, tok, opt, params, prompt, answer, method, beta, new_tokens, G, device):
+    """One step with the same calls, in the same order, as train.py's loop; timed between stages."""
+    from rewards import score
+    from rollout import rollout, sequence_logprobs
+    clk = Clock(device)
+    if method == "floor":
+        enc = tok([prompt], return_tensors="pt", add_special_tokens=False).to(device)
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, num_return_sequences=G, pad_token_id=tok.pad_token_id)
+        model.train()
+        clk("generate")
+        P = enc["input_ids"].shape[1]
+        logits = model(input_ids=out, use_cache=False, logits_to_keep=new_tokens + 1).logits[:, :-1]
+        logp = gtpo.token_logprobs(logits, out[:, P:])                      # (G, L)
+        adv = torch.linspace(-1, 1, G, device=device)
+        loss = -(logp.mean(1) * adv).mean()
+        clk("forward")
+    else:
+        ro = rollout(model, tok, [prompt], G, new_tokens, 1.0, min_new_tokens=new_tokens)
+        mask = ro.completion_mask
+        clk("generate")
+        total, _, _ = score(ro.texts, [answer] * G, "arithmetic")
+        adv = gtpo.group_advantages(total, G).to(device)
+        if not adv.any():                       # equal rewards: a fixed spread, so every step does the same work
+            adv = torch.linspace(-1, 1, G, device=device)
+        clk("reward")
+        if method == "gtpo":
+            weights, _, _ = gtpo.batch_conflict_weights(ro.completion_ids, mask, adv, G)
+            clk("masks")
+        ref = None
+        if beta > 0:
+            with torch.no_grad(), model.disable_adapter():
+                ref, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask,
+                                           with_entropy=False)
+            clk("reference")
+        logp, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask)
+        if method == "gtpo":
+            a = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, mask, 1), 0.693, 0.1, "all")
+            loss, _ = gtpo.gtpo_loss(logp, mask, a, weights)
+        else:
+            loss, _ = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=beta, clip_eps=0.2)
+        clk("forward")
+    loss.backward()
+    clk("backward")
+    torch.nn.utils.clip_grad_norm_(params, 0.1)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    clk("optimizer")
+    return clk.parts
+
+
+def bench_step(args):
+    import bitsandbytes as bnb
+    from data import arithmetic_task, format_prompt, tagged_solution
+    from models import load_model
+    torch.manual_seed(0)
+    model, tok, _ = load_model("smollm2-135m", lora_rank=32, device=args.device, log=lambda *a: None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = bnb.optim.PagedAdamW8bit(params, lr=1e-6, betas=(0.9, 0.95), weight_decay=0.1)
+    recs = arithmetic_task("train")
+    one_shot = (recs[0]["question"], tagged_solution(recs[0]))
+    prompt = format_prompt(tok, recs[1]["question"], one_shot)
+    runs = [("gtpo", "gtpo", 0.0), ("grpo b=0", "grpo", 0.0), ("grpo b=0.04", "grpo", 0.04), ("floor", "floor", 0.0)]
+    times = {name: [] for name, _, _ in runs}
+    for r in range(args.steps + 1):                                          # round 0 is the warm-up
+        for name, method, beta in runs:
+            parts = rl_step(model, tok, opt, params, prompt, recs[1]["answer"], method, beta, args.new_tokens,
+                            args.G, args.device)
+            if r > 0:
+                times[name].append(parts)
+            print(f"  round {r} {name:12s} {sum(parts.values()):6.2f} s", file=sys.stderr)
+    out = {}
+    for name, rows in times.items():
+        keys = sorted({k for p in rows for k in p})
+        med = {k: statistics.median(p.get(k, 0.0) for p in rows) for k in keys}
+        med["total"] = statistics.median(sum(p.values()) for p in rows)
+        med["completion_tokens_per_s"] = args.G * args.new_tokens / med["generate"]
+        out[name] = med
+    return out
+
+
+# -----------------------------------------------------------------------------
+# main
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
+    p.add_argument("--new_tokens", type=int, default=64)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--chunk", type=int, default=256, help="positions per LM-head chunk")
+    p.add_argument("--out", default="bench.json")
+    p.add_argument("--probe", help=argparse.SUPPRESS)
+    p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.probe:                                                            # child process
+        print(json.dumps(PROBES[args.probe](json.loads(args.probe_cfg), args.device)))
+        return
+    parts = args.parts.split(",")
+    res = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
+           f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
+
+    if "conflict" in parts:
+        res["conflict"] = []
+        print("\n1. conflict mask                    ours: time    peak  | vocab-indexed: time    peak  | speed-up  memory")
+        for G, L, V in [(12, 1500, 128256), (8, 256, 49152)]:
+            ours = in_child("conflict", dict(G=G, L=L, V=V, impl="ours", repeats=20), args.device)
+            ref = in_child("conflict", dict(G=G, L=L, V=V, impl="vocab", repeats=3), args.device)
+            row = {"G": G, "L": L, "V": V, "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_bytes"] / MB,
+                   "vocab_s": ref["seconds"], "vocab_peak_mb": ref["peak_bytes"] / MB,
+                   "speedup": ref["seconds"] / ours["seconds"],
+                   "memory_ratio": ref["peak_bytes"] / max(ours["peak_bytes"], 1)}
+            res["conflict"].append(row)
+            print(f"   G={G:2d} L={L:4d} V={V:6d}        {row['ours_s'] * 1e3:8.1f} ms {row['ours_peak_mb']:6.1f} MB"
+                  f" | {row['vocab_s'] * 1e3:9.1f} ms {row['vocab_peak_mb']:7.1f} MB"
+                  f" | {row['speedup']:7.0f}x {row['memory_ratio']:6.0f}x")
+
+    if "loss" in parts:
+        cfg = dict(N=12, L=1024, V=49152, D=576)
+        chunk_mb = args.chunk * cfg["V"] * 4 / MB
+        full = in_child("loss", {**cfg, "chunk": 0}, args.device)
+        chunked = in_child("loss", {**cfg, "chunk": args.chunk}, args.device)
+        res["loss_memory"] = {**cfg, "chunk": args.chunk, "one_chunk_logits_mb": chunk_mb,
+                              "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
+                              "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
+                              "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
+                              "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb}
+        lm = res["loss_memory"]
+        print(f"\n2. loss + backward, N=12 L=1024 V=49152 (one fp32 (N,L,V) logits = {lm['full_logits_mb']:.0f} MB)")
+        print(f"   full logits   peak extra {lm['full_peak_mb']:8.0f} MB   {lm['full_s']:6.2f} s")
+        print(f"   chunk {args.chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
+              f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
+
+    if "step" in parts:
+        res["step"] = bench_step(args)
+        st = res["step"]
+        cols = ["generate", "reward", "masks", "reference", "forward", "backward", "optimizer", "total"]
+        print(f"\n3. one step, embedded model, 1 prompt x G={args.G} x {args.new_tokens} tokens "
+              f"(median of {args.steps} after a warm-up, seconds)")
+        print("   " + f"{'':12s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}")
+        for name, med in st.items():
+            print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.3f}" for c in cols)
+                  + f"{med['completion_tokens_per_s']:9.1f}")
+        res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
+                         "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],
+                         "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"]}
+        print("   " + "   ".join(f"{k} {v:.3f}" for k, v in res["ratios"].items()))
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

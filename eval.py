@@ -1,0 +1,443 @@
+"""Evaluation: pass@k and maj@k at temperature 1.0 (Sec. 6; Fig. 2 bottom, Fig. 3), and plots.
+
+    python eval.py                                    # embedded model, built-in task, offline
+    python eval.py --model llama-8b --adapter runs/gtpo-llama8b-gsm8k/final --dataset gsm8k \\
+        --n_samples 32 --k 1 2 4 8 16 32
+    python eval.py --model llama-8b --adapter ... --dataset aime24 --n_samples 64
+    python eval.py --rescore runs/eval-x/samples.jsonl  # re-score saved completions, no sampling
+    python eval.py --plot runs/*/results.json         # pass@k / maj@k curves overlaid (passk.png)
+    python eval.py --curves runs/*/metrics.jsonl      # training curves overlaid (curves.png)
+
+Each problem gets n completions, scored by the training reward (rewards.score: formatting and
+correctness separately). pass@k is the unbiased estimator of Chen et al. 2021; maj@k is the
+probability that the most frequent answer among k of the n samples is correct, with answers
+grouped by the same equivalence used for correctness (so `0.5` and `\\frac12` are one vote).
+"""
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import sys
+
+import torch
+
+from data import DataError, format_prompt, load_task, tagged_solution
+from models import ModelError, load_model
+from rewards import answers_equal, extract_answer, format_reward, score
+
+EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
+
+
+# -----------------------------------------------------------------------------
+# 1. estimators
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k of one problem with c correct out of n samples (Chen et al. 2021, Eq. 1):
+    1 - C(n-c, k) / C(n, k), as a product so that no huge binomial is formed."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n} samples; raise --n_samples or lower --k")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def vote_classes(answers, reference, task):
+    """Group equivalent answers into vote classes.
+
+    answers: n extracted answers (None = no answer, casts no vote). Returns (cls, cls_correct):
+    cls[j] is the class of sample j (-1 for None), classes numbered in order of first appearance;
+    a sample joins the first class whose first member it equals under `answers_equal`, so a class
+    is correct iff that first member is (equivalence on real answers is transitive; on odd
+    LaTeX it may not be, and then the first member decides).
+    """
+    reps, cls = [], []
+    for a in answers:
+        if a is None or not a.strip():
+            cls.append(-1)
+            continue
+        for c, r in enumerate(reps):
+            if a == r or answers_equal(a, r, task):
+                cls.append(c)
+                break
+        else:
+            reps.append(a)
+            cls.append(len(reps) - 1)
+    return cls, [answers_equal(r, reference, task) for r in reps]
+
+
+def maj_at_k(cls, cls_correct, k, n_subsets=2000, seed=0):
+    """maj@k of one problem: over k-subsets of the n samples, the fraction whose majority answer is
+    correct. Ties go to the class that appears first (lowest sample index) in the subset; a subset
+    with no answer at all counts as wrong. Exact (all C(n, k) subsets) when there are at most
+    EXACT_MAJ_SUBSETS, else the mean over `n_subsets` uniform random subsets from `seed`."""
+    n = len(cls)
+    if not 1 <= k <= n:
+        raise ValueError(f"maj@{k} needs 1 <= k <= n = {n} samples; raise --n_samples or lower --k")
+    C = len(cls_correct)
+    if C == 0:
+        return 0.0
+    if math.comb(n, k) <= EXACT_MAJ_SUBSETS:
+        subsets = torch.tensor(list(itertools.combinations(range(n), k)), dtype=torch.long)   # (S, k)
+    else:
+        g = torch.Generator().manual_seed(seed)
+        subsets = torch.rand(n_subsets, n, generator=g).argsort(dim=1)[:, :k]             # (S, k)
+    S = subsets.shape[0]
+    c = torch.tensor(cls, dtype=torch.long)[subsets]                                       # (S, k)
+    voted = c >= 0
+    c_safe = c.clamp(min=0)
+    counts = torch.zeros(S, C, dtype=torch.long).scatter_add_(1, c_safe, voted.long())      # (S, C)
+    first = torch.full((S, C), n, dtype=torch.long).scatter_reduce_(
+        1, c_safe, torch.where(voted, subsets, n), reduce="amin")                           # (S, C)
+    winner = (counts * (n + 1) - first).argmax(dim=1)                                      # (S,)
+    ok = torch.tensor(cls_correct)[winner] & voted.any(dim=1)
+    return ok.sum().item() / S
+
+
+def default_ks(n):
+    """1, 2, 4, ... up to n, and n itself (the paper's x-axis)."""
+    return sorted({2 ** i for i in range(int(math.log2(n)) + 1)} | {n})
+
+
+def check_ks(ks, n):
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise DataError(f"k = {bad} with n = {n} samples per problem: pass@k and maj@k need 1 <= k <= n; "
+                        f"lower --k or raise --n_samples")
+
+
+def compute_results(rows, ks, seed, maj_subsets=2000):
+    """Per-sample rows (as written to samples.jsonl) -> pass@k, maj@k, formatting, length."""
+    problems = {}
+    for r in rows:
+        problems.setdefault(r["problem"], []).append(r)
+    ns = {len(v) for v in problems.values()}
+    if len(ns) != 1:
+        raise DataError(f"every problem needs the same number of samples; found {sorted(ns)}")
+    n = ns.pop()
+    check_ks(ks, n)
+    passk = {k: 0.0 for k in ks}
+    majk = {k: 0.0 for k in ks}
+    for p, samples in sorted(problems.items()):
+        samples = sorted(samples, key=lambda r: r["sample"])
+        c = sum(r["correct"] > 0 for r in samples)
+        cls, cls_ok = vote_classes([r["answer"] for r in samples], samples[0]["reference"], samples[0]["task"])
+        for k in ks:
+            passk[k] += pass_at_k(n, c, k)
+            majk[k] += maj_at_k(cls, cls_ok, k, maj_subsets, seed=seed * 100003 + p)
+    P = len(problems)
+    return {"n_problems": P, "n_samples": n,
+            "pass@k": {str(k): v / P for k, v in passk.items()},
+            "maj@k": {str(k): v / P for k, v in majk.items()},
+            "accuracy": sum(r["correct"] > 0 for r in rows) / len(rows),
+            "format_rate": sum(r["format"] == 10.0 for r in rows) / len(rows),
+            "mean_format_reward": sum(r["format"] for r in rows) / len(rows),
+            "mean_length": sum(r["length"] for r in rows) / len(rows),
+            "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows)}
+
+
+def resumable_rows(path, records, n):
+    """Rows of an interrupted evaluation that can be kept: whole problems, in order, whose question
+    matches this dataset (a partly sampled last problem is sampled again)."""
+    rows = read_metrics(path)
+    by_problem = {}
+    for r in rows:
+        by_problem.setdefault(r["problem"], []).append(r)
+    counts = {len(v) for p, v in by_problem.items() if p + 1 in by_problem}     # all but the last problem
+    if counts and counts != {n}:
+        raise DataError(f"--resume: {path} has {sorted(counts)} samples per problem, this run asks for "
+                        f"--n_samples {n}; use the same flags or another --output_dir")
+    keep = []
+    for p in range(len(records)):
+        got = by_problem.get(p, [])
+        if len(got) != n:
+            break
+        if got[0]["question"] != records[p]["question"]:
+            raise DataError(f"--resume: {path} problem {p} is a different question than --dataset gives; "
+                            f"use the same --dataset/--split/--limit or another --output_dir")
+        keep += sorted(got, key=lambda r: r["sample"])
+    return keep
+
+
+def rescore_rows(rows):
+    """Recompute extracted answer and rewards of saved completions with the current reward code."""
+    for r in rows:
+        _, fmt, cor = score([r["completion"]], [r["reference"]], r["task"])
+        r.update(answer=extract_answer(r["completion"]), format=fmt.item(), correct=cor.item())
+    return rows
+
+
+def summary(res):
+    k0, kk = list(res["pass@k"])[0], list(res["pass@k"])[-1]
+    return (f"{res['dataset']}: {res['n_problems']} problems x n={res['n_samples']} | pass@{k0} "
+            f"{res['pass@k'][k0]:.3f}  pass@{kk} {res['pass@k'][kk]:.3f}  "
+            f"maj@{kk} {res['maj@k'][kk]:.3f} | format {res['format_rate']:.2f} | "
+            f"mean length {res['mean_length']:.1f} tokens")
+
+
+# -----------------------------------------------------------------------------
+# 2. plots (matplotlib, PNG)
+
+def plot_passk(results, out_png):
+    """pass@k (solid) and maj@k (dashed) over k on a log-2 axis; results: [(label, results dict)]."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (label, res) in enumerate(results):
+        ks = sorted(int(k) for k in res["pass@k"])
+        col = f"C{i % 10}"
+        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, label=f"{label} pass@k")
+        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, label=f"{label} maj@k")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+CURVE_KEYS = ["reward", "rewards/format", "rewards/accuracy", "entropy", "kl", "gtpo/conflict_frac",
+              "completions/mean_length", "loss"]
+
+
+def read_metrics(path):
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+    return rows
+
+
+def plot_curves(metric_files, out_png, smooth=5):
+    """Training curves over steps (RL steps only), one line per metrics.jsonl: reward, format,
+    accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [(os.path.basename(os.path.dirname(os.path.abspath(f))) or f,
+             [r for r in read_metrics(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
+    keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
+    if not keys:
+        raise DataError(f"no RL-step metrics ({', '.join(CURVE_KEYS[:3])}, ...) in {', '.join(metric_files)}")
+    cols = 2
+    fig, axes = plt.subplots(math.ceil(len(keys) / cols), cols, figsize=(10, 2.6 * math.ceil(len(keys) / cols)),
+                             squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for i, (name, rows) in enumerate(runs):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if not pts:
+                continue
+            x, y = zip(*pts)
+            col = f"C{i % 10}"
+            ax.plot(x, y, color=col, alpha=0.3 if smooth > 1 else 1.0, lw=0.8)
+            if smooth > 1:
+                ys = [sum(y[max(0, j - smooth + 1):j + 1]) / len(y[max(0, j - smooth + 1):j + 1]) for j in range(len(y))]
+                ax.plot(x, ys, color=col, lw=1.6, label=name)
+            else:
+                ax.lines[-1].set_label(name)
+        ax.set_title(key, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# 3. sampling
+
+def load_eval_model(name, adapter, device, load_in_4bit, log=print):
+    """The base model, with a trained LoRA adapter (PEFT folder) or full fine-tuned weights on top."""
+    if adapter and not os.path.isdir(adapter):
+        raise ModelError(f"--adapter {adapter!r} is not a folder; give a run's final/ or checkpoint-N/ folder")
+    if adapter and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        if os.path.isfile(os.path.join(adapter, "config.json")):     # a --lora_rank 0 run: full weights
+            model, tok, _ = load_model(adapter, lora_rank=0, load_in_4bit=load_in_4bit, device=device, log=log)
+            return model.eval(), tok
+        raise ModelError(f"--adapter {adapter!r} holds neither adapter_config.json (LoRA) nor config.json "
+                         f"(full weights); give a run's final/ or checkpoint-N/ folder")
+    model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, log=log)
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter)
+    return model.eval(), tok
+
+
+def sample(model, tok, records, task, args, one_shot, out_f, rows=()):
+    """n completions per record, `--batch_size` completions per generate call; rows to out_f.
+    `rows`: complete problems already sampled (--resume), which are skipped."""
+    from tqdm import tqdm
+    from rollout import rollout
+    n, B = args.n_samples, args.batch_size
+    per_call = max(1, B // n)                               # whole problems per call, or
+    chunk = min(n, B)                                       # one problem split over calls
+    rows = list(rows)
+    first = len(rows) // n
+    bar = tqdm(total=len(records), initial=first, desc=f"eval {task}", dynamic_ncols=True)
+    for s in range(first, len(records), per_call):
+        group = list(enumerate(records[s:s + per_call], s))
+        prompts = [format_prompt(tok, r["question"], one_shot) for _, r in group]
+        texts, lengths, trunc = [[] for _ in group], [[] for _ in group], [[] for _ in group]
+        for done in range(0, n, chunk):
+            m = min(chunk, n - done)
+            ro = rollout(model, tok, prompts, m, args.max_completion_length, args.temperature)
+            lens = ro.completion_mask.sum(1).tolist()
+            for j in range(len(group)):
+                texts[j] += ro.texts[j * m:(j + 1) * m]
+                lengths[j] += lens[j * m:(j + 1) * m]
+                trunc[j] += ro.truncated[j * m:(j + 1) * m].tolist()
+        for j, (p, r) in enumerate(group):
+            _, fmt, cor = score(texts[j], [r["answer"]] * n, task)
+            for i in range(n):
+                row = {"problem": p, "sample": i, "task": task, "question": r["question"],
+                       "reference": r["answer"], "completion": texts[j][i], "answer": extract_answer(texts[j][i]),
+                       "format": fmt[i].item(), "correct": cor[i].item(), "length": lengths[j][i],
+                       "truncated": trunc[j][i]}
+                rows.append(row)
+                out_f.write(json.dumps(row) + "\n")
+            out_f.flush()
+        bar.update(len(group))
+        bar.set_postfix(acc=round(sum(r["correct"] > 0 for r in rows) / len(rows), 3),
+                        fmt=round(sum(r["format"] == 10 for r in rows) / len(rows), 3))
+    bar.close()
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# 4. main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
+    a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
+    a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, amc23, arithmetic, or a .jsonl path")
+    a("--split", default="test", help="dataset split (default test)")
+    a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl (default $GTPO_DATA_DIR, then the Hub)")
+    a("--limit", type=int, default=None, help="evaluate the first N problems only")
+    a("--n_samples", type=int, default=8, help="completions per problem (paper: 32; 64 for AIME)")
+    a("--k", type=int, nargs="+", default=None, help="k values (default: powers of 2 up to n_samples)")
+    a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
+    a("--max_completion_length", type=int, default=None, help="max new tokens (default 1500; 96 for smollm2-135m)")
+    a("--batch_size", type=int, default=32, help="completions per generate call (a problem's n samples may span calls)")
+    a("--one_shot", default=None,
+      help="dataset whose first train record is shown as a worked example, or 'none' "
+           "(default: arithmetic for smollm2-135m, as in its training demo; none otherwise)")
+    a("--maj_subsets", type=int, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
+    a("--seed", type=int, default=0, help="sampling seed")
+    a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
+    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=False, help="4-bit NF4 weights (CUDA only)")
+    a("--output_dir", default=None, help="default runs/eval-<model>-<dataset>[-<adapter run>]")
+    a("--overwrite", action="store_true", help="replace results already in --output_dir")
+    a("--resume", action="store_true", help="finish an interrupted evaluation in --output_dir (same flags)")
+    a("--rescore", default=None, metavar="SAMPLES_JSONL", help="re-score a saved samples.jsonl instead of sampling")
+    a("--plot", nargs="+", default=None, metavar="RESULTS_JSON", help="overlay pass@k/maj@k of these results")
+    a("--curves", nargs="+", default=None, metavar="METRICS_JSONL", help="plot training curves of these runs")
+    a("--smooth", type=int, default=5, help="moving-average window for --curves")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.plot or args.curves:
+        out = args.output_dir or "runs"
+        os.makedirs(out, exist_ok=True)
+        for f in (args.plot or []) + (args.curves or []):
+            if not os.path.isfile(f):
+                raise DataError(f"{f!r} does not exist")
+        if args.plot:
+            plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), json.load(open(f)))
+                        for f in args.plot], os.path.join(out, "passk.png"))
+            print(f"wrote {os.path.join(out, 'passk.png')}")
+        if args.curves:
+            plot_curves(args.curves, os.path.join(out, "curves.png"), args.smooth)
+            print(f"wrote {os.path.join(out, 'curves.png')}")
+        return 0
+
+    if args.rescore:
+        if not os.path.isfile(args.rescore):
+            raise DataError(f"--rescore {args.rescore!r} does not exist; give an eval run's samples.jsonl")
+        rows = rescore_rows(read_metrics(args.rescore))
+        if not rows:
+            raise DataError(f"--rescore {args.rescore!r} holds no samples")
+        old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
+        meta = {"dataset": rows[0]["task"], **(json.load(open(old_path)) if os.path.isfile(old_path) else {})}
+        ks = args.k or meta.get("ks")
+        seed = meta.get("seed", args.seed)
+        args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
+        out = args.output_dir or os.path.dirname(os.path.abspath(args.rescore))
+    else:
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.max_completion_length is None:
+            args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
+        if args.one_shot is None:
+            args.one_shot = "arithmetic" if args.model == "smollm2-135m" else "none"
+        if args.n_samples < 1 or args.batch_size < 1:
+            raise DataError("--n_samples and --batch_size must be >= 1")
+        records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
+        if not records:
+            raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
+        task = os.path.basename(args.dataset).removesuffix(".jsonl")
+        one_shot = None
+        if args.one_shot != "none":
+            ex = load_task(args.one_shot, "train", args.data_dir)[0]
+            one_shot = (ex["question"], tagged_solution(ex))
+        ks = args.k or default_ks(args.n_samples)
+        check_ks(ks, args.n_samples)                        # before any sampling time is spent
+        seed = args.seed
+        if args.output_dir is None:
+            tag = f"-{os.path.basename(os.path.dirname(os.path.abspath(args.adapter)))}" if args.adapter else ""
+            args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task}{tag}")
+        out = args.output_dir
+        samples_path = os.path.join(out, "samples.jsonl")
+        done = []
+        if os.path.exists(samples_path) and args.resume:
+            done = resumable_rows(samples_path, records, args.n_samples)
+        elif os.path.exists(samples_path) and not args.overwrite:
+            raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
+                            f"replace it, another --output_dir, or --rescore {samples_path}")
+        os.makedirs(out, exist_ok=True)
+        torch.manual_seed(seed + len(done))
+        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit)
+        with open(samples_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in done)
+            rows = sample(model, tok, records, task, args, one_shot, f, done)
+        meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split,
+                "temperature": args.temperature, "max_completion_length": args.max_completion_length,
+                "one_shot": args.one_shot}
+    n = len({r["sample"] for r in rows})
+    ks = ks or default_ks(n)
+    res = {**{k: v for k, v in meta.items() if k not in ("pass@k", "maj@k", "date", "rescored_from")},
+           **compute_results(rows, ks, seed, args.maj_subsets), "seed": seed, "ks": ks,
+           "maj_subsets": args.maj_subsets,
+           "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    if args.rescore:
+        res["rescored_from"] = args.rescore
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    plot_passk([(os.path.basename(os.path.abspath(out)), res)], os.path.join(out, "passk.png"))
+    print(summary(res))
+    print(f"results in {os.path.join(out, 'results.json')}, plot {os.path.join(out, 'passk.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (DataError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,225 @@
+"""Tests for eval.py: pass@k and maj@k against hand values and brute-force enumeration,
+equivalent answers voting together, --rescore reproducing results.json, plots, and a tiny
+end-to-end evaluation of the embedded model on 2 GSM8K test problems."""
+import itertools
+import json
+import math
+import os
+import random
+from collections import Counter
+
+import pytest
+
+import eval as ev
+from data import DataError
+
+DATA_DIR = os.environ.get("GTPO_DATA_DIR")
+
+
+# -----------------------------------------------------------------------------
+# pass@k
+
+@pytest.mark.parametrize("n,c,k,want", [
+    (4, 1, 1, 0.25),
+    (4, 1, 2, 1 - 3 / 6),            # 1 - C(3,2)/C(4,2)
+    (5, 2, 3, 1 - 1 / 10),           # 1 - C(3,3)/C(5,3)
+    (10, 3, 2, 1 - 21 / 45),         # 1 - C(7,2)/C(10,2)
+    (8, 0, 8, 0.0),
+    (8, 1, 8, 1.0),
+    (3, 3, 1, 1.0),
+])
+def test_pass_at_k_hand_values(n, c, k, want):
+    assert ev.pass_at_k(n, c, k) == pytest.approx(want, abs=1e-12)
+
+
+def test_pass_at_k_equals_enumeration_of_all_subsets():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            correct = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), k))
+                brute = sum(any(correct[i] for i in s) for s in subsets) / len(subsets)
+                assert ev.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_large_n_is_stable():
+    # C(200, 100) overflows a float; the product form does not
+    want = 1 - math.comb(150, 100) / math.comb(200, 100)
+    assert ev.pass_at_k(200, 50, 100) == pytest.approx(want, rel=1e-9)
+
+
+def test_k_larger_than_n_is_a_clear_error():
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        ev.pass_at_k(4, 1, 5)
+    with pytest.raises(DataError, match="lower --k or raise --n_samples"):
+        ev.check_ks([1, 2, 8], 4)
+
+
+# -----------------------------------------------------------------------------
+# maj@k
+
+def maj_brute(cls, cls_correct, k):
+    """Literal definition: every k-subset votes; the most frequent class wins, ties to the class
+    whose first member comes first; no votes = wrong."""
+    n, wins = len(cls), 0
+    subsets = list(itertools.combinations(range(n), k))
+    for s in subsets:
+        votes = Counter(cls[i] for i in s if cls[i] >= 0)
+        if not votes:
+            continue
+        best = max(votes.values())
+        winner = next(cls[i] for i in s if cls[i] >= 0 and votes[cls[i]] == best)
+        wins += cls_correct[winner]
+    return wins / len(subsets)
+
+
+def test_maj_at_k_exact_path_equals_brute_force():
+    rng = random.Random(0)
+    for _ in range(150):
+        n = rng.randint(1, 8)
+        C = rng.randint(1, 4)
+        cls = [rng.randint(-1, C - 1) for _ in range(n)]
+        used = sorted({c for c in cls if c >= 0})
+        remap = {c: i for i, c in enumerate(used)}                 # classes in order of first appearance
+        order = []
+        for c in cls:
+            if c >= 0 and remap[c] not in order:
+                order.append(remap[c])
+        cls = [order.index(remap[c]) if c >= 0 else -1 for c in cls]
+        ok = [rng.random() < 0.5 for _ in used]
+        for k in range(1, n + 1):
+            assert ev.maj_at_k(cls, ok, k) == pytest.approx(maj_brute(cls, ok, k), abs=1e-9), (cls, ok, k)
+
+
+def test_maj_at_k_sampled_path_close_to_exact(monkeypatch):
+    cls = [0, 1, 0, 2, 1, 1, -1, 0, 2, 1]
+    ok = [True, False, False]
+    exact = [maj_brute(cls, ok, k) for k in (3, 5)]
+    monkeypatch.setattr(ev, "EXACT_MAJ_SUBSETS", 1)               # force random subsets
+    sampled = [ev.maj_at_k(cls, ok, k, n_subsets=20000, seed=1) for k in (3, 5)]
+    assert sampled == pytest.approx(exact, abs=0.015)
+    assert ev.maj_at_k(cls, ok, 3, 500, seed=7) == ev.maj_at_k(cls, ok, 3, 500, seed=7)  # deterministic
+
+
+def test_equivalent_latex_answers_are_one_vote():
+    answers = ["0.5", "\\frac12", "3", "3", None, "1/2", "3", "\\dfrac{1}{2}"]
+    cls, ok = ev.vote_classes(answers, "\\frac{1}{2}", "math")
+    assert cls == [0, 0, 1, 1, -1, 0, 1, 0]
+    assert ok == [True, False]
+    # all 8: four votes for 1/2 against three for 3 -> correct; textual voting would pick "3"
+    assert ev.maj_at_k(cls, ok, 8) == 1.0
+    assert Counter(answers).most_common(1)[0][0] == "3"
+    # without the last sample it is a 3-3 tie, broken toward the first answer seen (0.5)
+    assert ev.maj_at_k(cls[:7], ok, 7) == 1.0
+
+
+def test_equivalent_numeric_answers_are_one_vote():
+    cls, ok = ev.vote_classes(["1,000", "$1000.00", "999", "1000 dollars", "999"], "1000", "gsm8k")
+    assert cls == [0, 0, 1, 0, 1] and ok == [True, False]
+    assert ev.maj_at_k(cls, ok, 5) == 1.0
+    assert ev.maj_at_k(cls, ok, 1) == pytest.approx(3 / 5)
+
+
+# -----------------------------------------------------------------------------
+# results, --rescore, plots
+
+def _row(p, i, completion, ref, task="gsm8k"):
+    return {"problem": p, "sample": i, "task": task, "question": f"q{p}", "reference": ref,
+            "completion": completion, "answer": None, "format": 0.0, "correct": 0.0, "length": 10 + i,
+            "truncated": i == 0}
+
+
+def _tagged(ans):
+    return f"<reasoning>r</reasoning><answer>{ans}</answer>"
+
+
+def test_rescore_computes_results_from_completion_text(tmp_path):
+    rows = [_row(0, 0, _tagged("7"), "7"), _row(0, 1, _tagged("8"), "7"),
+            _row(0, 2, "<answer>7.0</answer>", "7"), _row(0, 3, "no tags", "7"),
+            _row(1, 0, _tagged("1"), "2"), _row(1, 1, _tagged("3"), "2"),
+            _row(1, 2, _tagged("3"), "2"), _row(1, 3, _tagged("2"), "2")]
+    d = tmp_path / "ev"
+    d.mkdir()
+    with open(d / "samples.jsonl", "w") as f:               # stored rewards are wrong on purpose
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert ev.main(["--rescore", str(d / "samples.jsonl"), "--k", "1", "2", "4"]) == 0
+    res = json.load(open(d / "results.json"))
+    # problem 0: 2 of 4 correct, problem 1: 1 of 4
+    assert res["pass@k"]["1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert res["pass@k"]["2"] == pytest.approx((1 - 1 / 6 + 1 - 3 / 6) / 2)
+    assert res["pass@k"]["4"] == 1.0
+    # maj@4: problem 0 votes 7 (x2) vs 8 -> right; problem 1 votes 3 (x2) -> wrong
+    assert res["maj@k"]["4"] == 0.5
+    assert res["format_rate"] == 6 / 8 and res["mean_format_reward"] == (60 + 1 + 0) / 8
+    assert res["mean_length"] == 11.5 and res["truncated_frac"] == 0.25
+    saved = [json.loads(line) for line in open(d / "samples.jsonl")]
+    assert saved == rows                                       # the samples file is never rewritten
+
+
+def test_plots_write_png(tmp_path):
+    res = {"pass@k": {"1": 0.2, "2": 0.3, "4": 0.4}, "maj@k": {"1": 0.2, "2": 0.2, "4": 0.3}}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        json.dump(res, open(tmp_path / name / "results.json", "w"))
+        with open(tmp_path / name / "metrics.jsonl", "w") as f:
+            f.write(json.dumps({"step": 1, "phase": "sft", "loss": 2.0}) + "\n")
+            for s in range(2, 12):
+                f.write(json.dumps({"step": s, "phase": "rl", "reward": s, "rewards/format": s / 2,
+                                    "entropy": 1 / s, "gtpo/conflict_frac": 0.1, "loss": 0.0}) + "\n")
+    files = [str(tmp_path / n / "results.json") for n in "ab"]
+    curves = [str(tmp_path / n / "metrics.jsonl") for n in "ab"]
+    out = tmp_path / "plots"
+    assert ev.main(["--plot", *files, "--curves", *curves, "--output_dir", str(out)]) == 0
+    for png in ("passk.png", "curves.png"):
+        data = open(out / png, "rb").read()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\n{oops\n')
+    with pytest.raises(DataError, match="bad.jsonl:2"):
+        ev.main(["--curves", str(tmp_path / "bad.jsonl"), "--output_dir", str(out)])
+
+
+def test_k_above_n_fails_before_loading_anything(tmp_path):
+    with pytest.raises(DataError, match="k = \\[16\\] with n = 8"):
+        ev.main(["--k", "1", "16", "--output_dir", str(tmp_path / "x"), "--model", "no/such-model"])
+
+
+@pytest.mark.skipif(not DATA_DIR, reason="set GTPO_DATA_DIR to the offline datasets (../shared/data)")
+def test_end_to_end_two_gsm8k_problems_and_rescore(tmp_path):
+    out = tmp_path / "ev"
+    argv = ["--dataset", "gsm8k", "--limit", "2", "--n_samples", "3", "--max_completion_length", "24",
+            "--batch_size", "4", "--output_dir", str(out), "--data_dir", DATA_DIR]
+    assert ev.main(argv) == 0
+    rows = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert len(rows) == 6 and sorted({r["problem"] for r in rows}) == [0, 1]
+    assert [r["reference"] for r in rows[::3]] == ["18", "3"]      # GSM8K test items 1 and 2
+    assert all(1 <= r["length"] <= 24 for r in rows)
+    res = json.load(open(out / "results.json"))
+    assert res["n_problems"] == 2 and res["n_samples"] == 3 and res["ks"] == [1, 2, 3]
+    assert res["model"] == "smollm2-135m" and res["dataset"] == "gsm8k"
+    assert os.path.getsize(out / "passk.png") > 5000
+    with pytest.raises(DataError, match="already holds an evaluation"):
+        ev.main(argv)                                              # nothing overwritten
+    assert [json.loads(line) for line in open(out / "samples.jsonl")] == rows
+    # --rescore into another folder reproduces results.json exactly (except date and provenance)
+    again = tmp_path / "again"
+    os.makedirs(again)
+    import shutil
+    shutil.copy(out / "results.json", again / "results.json")
+    shutil.copy(out / "samples.jsonl", again / "samples.jsonl")
+    assert ev.main(["--rescore", str(again / "samples.jsonl")]) == 0
+    res2 = json.load(open(again / "results.json"))
+    assert res2.pop("rescored_from") and res2.pop("date") and res.pop("date")
+    assert res2 == res
+
+
+def test_resume_keeps_whole_problems_and_refuses_other_flags(tmp_path):
+    recs = [{"question": f"q{p}", "answer": "1"} for p in range(4)]
+    rows = [_row(p, i, _tagged("1"), "1") for p in range(3) for i in range(2)][:-1]   # problem 2 half done
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keep = ev.resumable_rows(str(path), recs, 2)
+    assert [(r["problem"], r["sample"]) for r in keep] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    with pytest.raises(DataError, match="--n_samples 3"):
+        ev.resumable_rows(str(path), recs, 3)
+    with pytest.raises(DataError, match="different question"):
+        ev.resumable_rows(str(path), [{"question": "other", "answer": "1"}] + recs[1:], 2)
