@@ -101,13 +101,10 @@ def vocab_indexed_conflict(ids, mask, adv, vocab_size, pos_weight=2.0):
 
     w_fw, c_fw = one_direction(ids, valid)
     lengths = valid.sum(1)
-    shift = (torch.arange(L, device=ids.device)[None] + L - lengths[:, None]) % L           # rotate right-pads to the front
-    rev = ids.gather(1, shift).flip(1)
-    valid_rev = valid.gather(1, shift).flip(1)
-    w_bw_rev, c_bw_rev = one_direction(rev, valid_rev)
-    back = torch.argsort(shift, dim=1)
-    w_bw = w_bw_rev.flip(1).gather(1, back)
-    c_bw = c_bw_rev.flip(1).gather(1, back)
+    idx = (lengths[:, None] - 1 - torch.arange(L, device=ids.device)[None]) % L        # last valid token first
+    valid_rev = torch.arange(L, device=ids.device)[None] < lengths[:, None]
+    w_bw_rev, c_bw_rev = one_direction(ids.gather(1, idx), valid_rev)
+    w_bw, c_bw = w_bw_rev.gather(1, idx), c_bw_rev.gather(1, idx)                       # the same map undoes it
     return w_fw * w_bw * valid, (c_fw | c_bw) & valid
 
 
@@ -153,6 +150,10 @@ def probe_loss(cfg, device):
     w = torch.ones(N, L, device=device)
 
     def run():
+        if chunk < 0:                       # the hidden-state part alone: gather, a loss, its gradient
+            (hidden[mask.bool()] * adv.mean()).sum().backward()
+            hidden.grad = None
+            return
         if chunk:
             keep = mask.bool()
             lp, ent = ChunkedLogprobs.apply(hidden[keep], weight, None, ids[keep], chunk, True)
@@ -303,27 +304,37 @@ def main():
             row = {"G": G, "L": L, "V": V, "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_bytes"] / MB,
                    "vocab_s": ref["seconds"], "vocab_peak_mb": ref["peak_bytes"] / MB,
                    "speedup": ref["seconds"] / ours["seconds"],
-                   "memory_ratio": ref["peak_bytes"] / max(ours["peak_bytes"], 1)}
+                   "memory_ratio_at_least": ref["peak_bytes"] / max(ours["peak_bytes"], 0.1 * MB)}
+            if L <= 256:                        # small enough to compare the two outputs in this process
+                ids, mask, adv = _conflict_inputs(G, L, V)
+                ours_w = gtpo.conflict_weights(ids, mask, adv, combine="product")[0]
+                row["same_weights_as_product_combine"] = torch.equal(ours_w, vocab_indexed_conflict(ids, mask, adv, V)[0])
             res["conflict"].append(row)
             print(f"   G={G:2d} L={L:4d} V={V:6d}        {row['ours_s'] * 1e3:8.1f} ms {row['ours_peak_mb']:6.1f} MB"
                   f" | {row['vocab_s'] * 1e3:9.1f} ms {row['vocab_peak_mb']:7.1f} MB"
-                  f" | {row['speedup']:7.0f}x {row['memory_ratio']:6.0f}x")
+                  f" | {row['speedup']:7.0f}x {'>=' if row['ours_peak_mb'] < 0.1 else '  '}{row['memory_ratio_at_least']:.0f}x")
 
     if "loss" in parts:
         cfg = dict(N=12, L=1024, V=49152, D=576)
         chunk_mb = args.chunk * cfg["V"] * 4 / MB
         full = in_child("loss", {**cfg, "chunk": 0}, args.device)
         chunked = in_child("loss", {**cfg, "chunk": args.chunk}, args.device)
+        hidden_only = in_child("loss", {**cfg, "chunk": -1}, args.device)
         res["loss_memory"] = {**cfg, "chunk": args.chunk, "one_chunk_logits_mb": chunk_mb,
                               "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
                               "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
                               "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
-                              "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb}
+                              "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb,
+                              "hidden_states_part_mb": hidden_only["peak_bytes"] / MB,
+                              "chunked_head_part_over_one_chunk":
+                                  (chunked["peak_bytes"] - hidden_only["peak_bytes"]) / MB / chunk_mb}
         lm = res["loss_memory"]
         print(f"\n2. loss + backward, N=12 L=1024 V=49152 (one fp32 (N,L,V) logits = {lm['full_logits_mb']:.0f} MB)")
         print(f"   full logits   peak extra {lm['full_peak_mb']:8.0f} MB   {lm['full_s']:6.2f} s")
         print(f"   chunk {args.chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
               f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
+        print(f"   of which the (N, L, D) hidden-state gather and gradients alone take {lm['hidden_states_part_mb']:.0f} MB;"
+              f" the LM-head part is {lm['chunked_head_part_over_one_chunk']:.2f} x one chunk's logits")
 
     if "step" in parts:
         res["step"] = bench_step(args)
@@ -333,7 +344,7 @@ def main():
               f"(median of {args.steps} after a warm-up, seconds)")
         print("   " + f"{'':12s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}")
         for name, med in st.items():
-            print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.3f}" for c in cols)
+            print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.4f}" for c in cols)
                   + f"{med['completion_tokens_per_s']:9.1f}")
         res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
                          "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],

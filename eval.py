@@ -191,6 +191,8 @@ def plot_passk(results, out_png):
         ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, label=f"{label} pass@k")
         ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, label=f"{label} maj@k")
     ax.set_xscale("log", base=2)
+    ax.set_title(", ".join(sorted({f"{r.get('dataset', '?')} (n={r.get('n_samples', '?')})" for _, r in results})),
+                 fontsize=9)
     ax.set_xlabel("k")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)

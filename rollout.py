@@ -66,6 +66,11 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
                    completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
 
 
+def _rows_logsumexp(z, rows=32):
+    """logsumexp over the last dim, 32 rows at a time: the temporary exp(z - max) stays small."""
+    return torch.cat([z[r:r + rows].logsumexp(dim=-1) for r in range(0, z.shape[0], rows)])
+
+
 class ChunkedLogprobs(torch.autograd.Function):
     """log pi(target) and entropy from final hidden states through the LM head, `chunk` positions
     at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256 fp32 = 9 GB).
@@ -84,7 +89,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
         for s in range(0, T, chunk):
             z = F.linear(hidden[s:s + chunk], weight, bias).float()                  # (c, V)
-            lse = z.logsumexp(dim=-1)                                                # (c,)
+            lse = _rows_logsumexp(z)                                                 # (c,)
             logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
             if with_entropy:                                                         # H = -sum p log p
                 z.sub_(lse[:, None]).clamp_(min=torch.finfo(z.dtype).min)            # log p, -inf -> min
@@ -107,7 +112,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], ctx.chunk):
             h, t, g = hidden[s:s + ctx.chunk], targets[s:s + ctx.chunk], g_logp[s:s + ctx.chunk].float()
             z = F.linear(h, weight, bias).float()                                    # (c, V)
-            z.sub_(z.logsumexp(dim=-1, keepdim=True)).exp_().mul_(-g[:, None])       # -g * softmax
+            z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
             z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
             dz = z.to(weight.dtype)
             if need_h:
