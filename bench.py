@@ -169,7 +169,18 @@ def probe_loss(cfg, device):
         hidden.grad = None
 
     sec, peak = measure(run, device, 1)
-    return {"seconds": sec, "peak_bytes": peak}
+    out = {"seconds": sec, "peak_bytes": peak}
+    if cfg.get("tensor_peak") and not device.startswith("cuda"):
+        # live-tensor peak from the profiler's memory timeline: no allocator or BLAS workspace
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            run()
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device(device))
+        totals = [sum(s) for s in sizes]
+        out["tensor_peak_bytes"] = max(totals) - totals[0]
+    return out
 
 
 PROBES = {"conflict": probe_conflict, "loss": probe_loss}
@@ -318,14 +329,19 @@ def main():
         cfg = dict(N=12, L=1024, V=49152, D=576)
         chunk_mb = args.chunk * cfg["V"] * 4 / MB
         full = in_child("loss", {**cfg, "chunk": 0}, args.device)
-        chunked = in_child("loss", {**cfg, "chunk": args.chunk}, args.device)
-        hidden_only = in_child("loss", {**cfg, "chunk": -1}, args.device)
+        chunked = in_child("loss", {**cfg, "chunk": args.chunk, "tensor_peak": True}, args.device)
+        hidden_only = in_child("loss", {**cfg, "chunk": -1, "tensor_peak": True}, args.device)
         res["loss_memory"] = {**cfg, "chunk": args.chunk, "one_chunk_logits_mb": chunk_mb,
                               "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
                               "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
                               "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
                               "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb,
                               "hidden_states_part_mb": hidden_only["peak_bytes"] / MB,
+                              **({"chunked_tensor_peak_mb": chunked["tensor_peak_bytes"] / MB,
+                                  "hidden_states_tensor_peak_mb": hidden_only["tensor_peak_bytes"] / MB,
+                                  "chunked_head_tensor_over_one_chunk":
+                                      (chunked["tensor_peak_bytes"] - hidden_only["tensor_peak_bytes"]) / MB / chunk_mb}
+                                 if "tensor_peak_bytes" in chunked else {}),
                               "chunked_head_part_over_one_chunk":
                                   (chunked["peak_bytes"] - hidden_only["peak_bytes"]) / MB / chunk_mb}
         lm = res["loss_memory"]
@@ -335,6 +351,10 @@ def main():
               f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
         print(f"   of which the (N, L, D) hidden-state gather and gradients alone take {lm['hidden_states_part_mb']:.0f} MB;"
               f" the LM-head part is {lm['chunked_head_part_over_one_chunk']:.2f} x one chunk's logits")
+        if "chunked_tensor_peak_mb" in lm:
+            print(f"   live tensors only (profiler): chunked peak extra {lm['chunked_tensor_peak_mb']:.0f} MB, hidden-state part "
+                  f"{lm['hidden_states_tensor_peak_mb']:.0f} MB, LM-head part "
+                  f"{lm['chunked_head_tensor_over_one_chunk']:.2f} x one chunk's logits")
 
     if "step" in parts:
         res["step"] = bench_step(args)
