@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from data import DataError, format_prompt, load_task, tagged_solution
+from data import DataError, format_prompt, load_task, read_jsonl, tagged_solution
 from models import ModelError, load_model
 from rewards import answers_equal, extract_answer, format_reward, score
 
@@ -140,7 +140,7 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
 def resumable_rows(path, records, n):
     """Rows of an interrupted evaluation that can be kept: whole problems, in order, whose question
     matches this dataset (a partly sampled last problem is sampled again)."""
-    rows = read_metrics(path)
+    rows = read_rows(path)
     by_problem = {}
     for r in rows:
         by_problem.setdefault(r["problem"], []).append(r)
@@ -207,16 +207,9 @@ CURVE_KEYS = ["reward", "rewards/format", "rewards/accuracy", "entropy", "kl", "
               "completions/mean_length", "loss"]
 
 
-def read_metrics(path):
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-    return rows
+def read_rows(path):
+    """The JSON objects of a .jsonl file (data.read_jsonl: a malformed line names file:line)."""
+    return [obj for _, obj in read_jsonl(path)]
 
 
 def plot_curves(metric_files, out_png, smooth=5):
@@ -226,7 +219,7 @@ def plot_curves(metric_files, out_png, smooth=5):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(f))) or f,
-             [r for r in read_metrics(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
+             [r for r in read_rows(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
     keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
     if not keys:
         raise DataError(f"no RL-step metrics ({', '.join(CURVE_KEYS[:3])}, ...) in {', '.join(metric_files)}")
@@ -242,7 +235,8 @@ def plot_curves(metric_files, out_png, smooth=5):
             col = f"C{i % 10}"
             ax.plot(x, y, color=col, alpha=0.3 if smooth > 1 else 1.0, lw=0.8)
             if smooth > 1:
-                ys = [sum(y[max(0, j - smooth + 1):j + 1]) / len(y[max(0, j - smooth + 1):j + 1]) for j in range(len(y))]
+                win = [y[max(0, j - smooth + 1):j + 1] for j in range(len(y))]      # trailing window
+                ys = [sum(w) / len(w) for w in win]
                 ax.plot(x, ys, color=col, lw=1.6, label=name)
             else:
                 ax.lines[-1].set_label(name)
@@ -372,7 +366,7 @@ def main(argv=None):
     if args.rescore:
         if not os.path.isfile(args.rescore):
             raise DataError(f"--rescore {args.rescore!r} does not exist; give an eval run's samples.jsonl")
-        rows = rescore_rows(read_metrics(args.rescore))
+        rows = rescore_rows(read_rows(args.rescore))
         if not rows:
             raise DataError(f"--rescore {args.rescore!r} holds no samples")
         old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
