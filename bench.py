@@ -1,7 +1,7 @@
 """Benchmarks: the cost of every stage, printed as a table and written to bench.json.
 
     python bench.py                     # all three parts on CPU (about 5 minutes on 2 cores)
-    python bench.py --parts step --steps 5
+    python bench.py --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
     python bench.py --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
 
 1. conflict   gtpo.conflict_weights against a vocabulary-indexed implementation in the style of the
@@ -12,15 +12,18 @@
               (rollout.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
               input, so the measurement isolates what chunking changes.
 3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
-              min_new_tokens): generation, reward, conflict masks, reference pass, log-prob forward,
-              backward, optimizer, for GTPO, GRPO beta=0 and GRPO beta=0.04 -- and the floor: one
-              generate, one forward+backward of a plain policy-gradient loss, one optimizer step.
+              min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
+              demo's flags (entropy gate on) -- timed per stage through its clock: generation, reward,
+              conflict masks, reference pass, log-prob forward, backward, then clip + optimizer as
+              in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04 -- and the floor: one generate,
+              one forward+backward of a plain policy-gradient loss, one optimizer step.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
 counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
 """
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +35,7 @@ import time
 import torch
 
 import gtpo
+from models import load_model
 
 MB = 2 ** 20
 
@@ -40,7 +44,8 @@ MB = 2 ** 20
 # measuring
 
 def _status_kb(field):
-    return int(re.search(rf"{field}:\s+(\d+)", open("/proc/self/status").read()).group(1))
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
 
 
 def measure(fn, device, repeats):
@@ -140,7 +145,7 @@ def probe_conflict(cfg, device):
 
 def probe_loss(cfg, device):
     from rollout import ChunkedLogprobs
-    N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["chunk"]
+    N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["logprob_chunk"]
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(V, D, generator=g) * 0.05).to(device)            # frozen LM head (LoRA)
     hidden = torch.randn(N, L, D, generator=g).to(device).requires_grad_()
@@ -187,93 +192,71 @@ PROBES = {"conflict": probe_conflict, "loss": probe_loss}
 
 
 # -----------------------------------------------------------------------------
-# 3. one training step
+# 3. one training step: step.rl_step, the function train.py's loop calls
 
-class Clock:
-    def __init__(self, device):
-        self.device, self.t, self.parts = device, time.perf_counter(), {}
-
-    def __call__(self, name):
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.parts[name] = self.parts.get(name, 0.0) + now - self.t
-        self.t = now
-
-
-def rl_step(model, tok, opt, params, prompt, answer, method, beta, new_tokens, G, device):
-    """One step with the same calls, in the same order, as train.py's loop; timed between stages."""
-    from rewards import score
-    from rollout import rollout, sequence_logprobs
-    clk = Clock(device)
-    if method == "floor":
-        enc = tok([prompt], return_tensors="pt", add_special_tokens=False).to(device)
-        model.eval()
-        with torch.no_grad():
-            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, num_return_sequences=G, pad_token_id=tok.pad_token_id)
-        model.train()
-        clk("generate")
-        P = enc["input_ids"].shape[1]
-        logits = model(input_ids=out, use_cache=False, logits_to_keep=new_tokens + 1).logits[:, :-1]
-        logp = gtpo.token_logprobs(logits, out[:, P:])                      # (G, L)
-        adv = torch.linspace(-1, 1, G, device=device)
-        loss = -(logp.mean(1) * adv).mean()
-        clk("forward")
-    else:
-        ro = rollout(model, tok, [prompt], G, new_tokens, 1.0, min_new_tokens=new_tokens)
-        mask = ro.completion_mask
-        clk("generate")
-        total, _, _ = score(ro.texts, [answer] * G, "arithmetic")
-        adv = gtpo.group_advantages(total, G).to(device)
-        if not adv.any():                       # equal rewards: a fixed spread, so every step does the same work
-            adv = torch.linspace(-1, 1, G, device=device)
-        clk("reward")
-        if method == "gtpo":
-            weights, _, _ = gtpo.batch_conflict_weights(ro.completion_ids, mask, adv, G)
-            clk("masks")
-        ref = None
-        if beta > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask,
-                                           with_entropy=False)
-            clk("reference")
-        logp, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, mask)
-        if method == "gtpo":
-            a = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, mask, 1), 0.693, 0.1, "all")
-            loss, _ = gtpo.gtpo_loss(logp, mask, a, weights)
-        else:
-            loss, _ = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=beta, clip_eps=0.2)
-        clk("forward")
+def floor_step(model, tok, prompt, new_tokens, G, device, clock):
+    """The least any implementation must do: one generate, one forward + backward of a plain
+    policy-gradient loss over full logits. A measurement reference, not the project's step."""
+    enc = tok([prompt], return_tensors="pt", add_special_tokens=False).to(device)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, num_return_sequences=G, pad_token_id=tok.pad_token_id)
+    model.train()
+    clock("generate")
+    P = enc["input_ids"].shape[1]
+    logits = model(input_ids=out, use_cache=False, logits_to_keep=new_tokens + 1).logits[:, :-1]
+    logp = gtpo.token_logprobs(logits, out[:, P:])                          # (G, L)
+    loss = -(logp.mean(1) * torch.linspace(-1, 1, G, device=logp.device)).mean()
+    clock("forward")
     loss.backward()
-    clk("backward")
-    torch.nn.utils.clip_grad_norm_(params, 0.1)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    clk("optimizer")
-    return clk.parts
+    clock("backward")
+
+
+def spread_score(texts, answers, task):
+    """The real reward; a group whose rewards are all equal gets a fixed spread added, so that
+    every timed step does the same work (a zero advantage would skip nothing, but keeps it honest)."""
+    from rewards import score
+    total, fmt, cor = score(texts, answers, task)
+    if total.std() == 0:
+        total = total + torch.linspace(0, 1, len(total))
+    return total, fmt, cor
 
 
 def bench_step(args):
-    import bitsandbytes as bnb
-    from data import arithmetic_task, format_prompt, tagged_solution
-    from models import load_model
+    import step as steps
+    import train
+    from data import arithmetic_task, format_prompt, one_shot_example
     torch.manual_seed(0)
-    model, tok, _ = load_model("smollm2-135m", lora_rank=32, device=args.device, log=lambda *a: None)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = bnb.optim.PagedAdamW8bit(params, lr=1e-6, betas=(0.9, 0.95), weight_decay=0.1)
     recs = arithmetic_task("train")
-    one_shot = (recs[0]["question"], tagged_solution(recs[0]))
-    prompt = format_prompt(tok, recs[1]["question"], one_shot)
-    runs = [("gtpo", "gtpo", 0.0), ("grpo b=0", "grpo", 0.0), ("grpo b=0.04", "grpo", 0.04), ("floor", "floor", 0.0)]
-    times = {name: [] for name, _, _ in runs}
+    runs = [("gtpo", ["--use_gtpo"]), ("grpo b=0", ["--use_grpo"]), ("grpo b=0.04", ["--use_grpo", "--beta", "0.04"]),
+            ("floor", ["--use_grpo"])]
+    flags = ["--generation_size", str(args.G), "--max_completion_length", str(args.new_tokens),
+             "--logprob_chunk", str(args.logprob_chunk), "--device", args.device]
+    cfgs = {}
+    for name, method in runs:           # the demo's flags; the entropy gate on, so its cost is in
+        a = train.parse_args(flags + method)
+        cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=args.new_tokens)
+    model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, _ = train.make_optimizer(a, params, 1000)
+    prompt = format_prompt(tok, recs[1]["question"], one_shot_example(recs[0]))
+    times = {name: [] for name, _ in runs}
     for r in range(args.steps + 1):                                          # round 0 is the warm-up
-        for name, method, beta in runs:
-            parts = rl_step(model, tok, opt, params, prompt, recs[1]["answer"], method, beta, args.new_tokens,
-                            args.G, args.device)
+        for name, _ in runs:
+            clock = steps.Clock(args.device)
+            if name == "floor":
+                floor_step(model, tok, prompt, args.new_tokens, args.G, args.device, clock)
+            else:
+                steps.rl_step(model, model, tok, [prompt], [recs[1]["answer"]], cfgs[name], clock=clock,
+                              reward_fn=spread_score)
+            torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)          # as train.py's loop
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            clock("optimizer")
             if r > 0:
-                times[name].append(parts)
-            print(f"  round {r} {name:12s} {sum(parts.values()):6.2f} s", file=sys.stderr)
+                times[name].append(clock.parts)
+            print(f"  round {r} {name:12s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
     out = {}
     for name, rows in times.items():
         keys = sorted({k for p in rows for k in p})
@@ -294,7 +277,7 @@ def main():
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--G", type=int, default=8)
-    p.add_argument("--chunk", type=int, default=256, help="positions per LM-head chunk")
+    p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
@@ -327,11 +310,11 @@ def main():
 
     if "loss" in parts:
         cfg = dict(N=12, L=1024, V=49152, D=576)
-        chunk_mb = args.chunk * cfg["V"] * 4 / MB
-        full = in_child("loss", {**cfg, "chunk": 0}, args.device)
-        chunked = in_child("loss", {**cfg, "chunk": args.chunk, "tensor_peak": True}, args.device)
-        hidden_only = in_child("loss", {**cfg, "chunk": -1, "tensor_peak": True}, args.device)
-        res["loss_memory"] = {**cfg, "chunk": args.chunk, "one_chunk_logits_mb": chunk_mb,
+        chunk_mb = args.logprob_chunk * cfg["V"] * 4 / MB
+        full = in_child("loss", {**cfg, "logprob_chunk": 0}, args.device)
+        chunked = in_child("loss", {**cfg, "logprob_chunk": args.logprob_chunk, "tensor_peak": True}, args.device)
+        hidden_only = in_child("loss", {**cfg, "logprob_chunk": -1, "tensor_peak": True}, args.device)
+        res["loss_memory"] = {**cfg, "chunk": args.logprob_chunk, "one_chunk_logits_mb": chunk_mb,
                               "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
                               "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
                               "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
@@ -347,7 +330,7 @@ def main():
         lm = res["loss_memory"]
         print(f"\n2. loss + backward, N=12 L=1024 V=49152 (one fp32 (N,L,V) logits = {lm['full_logits_mb']:.0f} MB)")
         print(f"   full logits   peak extra {lm['full_peak_mb']:8.0f} MB   {lm['full_s']:6.2f} s")
-        print(f"   chunk {args.chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
+        print(f"   chunk {args.logprob_chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
               f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
         print(f"   of which the (N, L, D) hidden-state gather and gradients alone take {lm['hidden_states_part_mb']:.0f} MB;"
               f" the LM-head part is {lm['chunked_head_part_over_one_chunk']:.2f} x one chunk's logits")

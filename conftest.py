@@ -1,8 +1,36 @@
-"""Shared fixtures: a tiny random-weight Llama with the embedded model's tokenizer."""
+"""Shared fixtures: a tiny random-weight Llama with the embedded model's tokenizer, the flags that
+run train.py on it, the train.py command line, and the `needs_data` marker for real-data tests."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from models import embedded_model_dir, load_tokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.environ.get("GTPO_DATA_DIR")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_data: needs GTPO_DATA_DIR (the offline datasets, ../shared/data)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if DATA_DIR and os.path.isdir(DATA_DIR):
+        return
+    skip = pytest.mark.skip(reason="GTPO_DATA_DIR is not set to the offline datasets (../shared/data)")
+    for item in items:
+        if "needs_data" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global RNG state, whatever ran before it."""
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +46,30 @@ def tiny_model_dir(tmp_path_factory):
     LlamaForCausalLM(cfg).save_pretrained(d)
     tok.save_pretrained(d)
     return str(d)
+
+
+@pytest.fixture
+def tiny_args(tiny_model_dir):
+    """tiny_args(out, flag=value, ...) -> train.py argv for the tiny model: no one-shot example,
+    entropy filter off, LoRA rank 4, G = 4, 6 new tokens; keyword flags override or add
+    (True = a bare switch)."""
+    def make(out, **flags):
+        base = {"model": tiny_model_dir, "output_dir": str(out), "generation_size": 4, "max_completion_length": 6,
+                "entropy_filter": "off", "lora_rank": 4, "no-one_shot": True}
+        argv = []
+        for k, v in {**base, **flags}.items():
+            argv += [f"--{k}"] if v is True else [] if v is False else [f"--{k}", str(v)]
+        return argv
+    return make
+
+
+def train_cmd(*args):
+    return [sys.executable, os.path.join(HERE, "train.py"), *args]
+
+
+@pytest.fixture
+def train_cli():
+    """train_cli(*args, timeout=900) -> CompletedProcess of `python train.py ARGS` (offline, text)."""
+    def run(*args, timeout=900):
+        return subprocess.run(train_cmd(*args), cwd=HERE, capture_output=True, text=True, env=ENV, timeout=timeout)
+    return run

@@ -222,18 +222,18 @@ def load_task(name, split="train", data_dir=None):
 # -----------------------------------------------------------------------------
 # prompts
 
-def build_messages(question, one_shot=None):
+def build_messages(question, example=None):
     """Chat messages: the paper's system prompt (App. 16.1), then the question.
-    one_shot: optional (question, completion) pair shown as an earlier turn."""
+    example: optional (question, completion) pair shown as an earlier turn (the one-shot example)."""
     msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
-    if one_shot:
-        msgs += [{"role": "user", "content": one_shot[0]}, {"role": "assistant", "content": one_shot[1]}]
+    if example:
+        msgs += [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}]
     return msgs + [{"role": "user", "content": question}]
 
 
-def format_prompt(tokenizer, question, one_shot=None):
+def format_prompt(tokenizer, question, example=None):
     """Prompt text through the tokenizer's chat template, ending where the answer begins."""
-    return tokenizer.apply_chat_template(build_messages(question, one_shot), tokenize=False,
+    return tokenizer.apply_chat_template(build_messages(question, example), tokenize=False,
                                          add_generation_prompt=True)
 
 
@@ -243,10 +243,20 @@ def tagged_solution(record):
     return f"<reasoning>\n{sol.strip()}\n</reasoning>\n<answer>\n{record['answer']}\n</answer>"
 
 
-def filter_by_prompt_length(records, tokenizer, max_prompt_length, one_shot=None):
+def one_shot_example(record):
+    """(question, tagged solution) of `record`: the worked example shown before the question."""
+    return record["question"], tagged_solution(record)
+
+
+def task_name(dataset):
+    """The reward's task name for a --dataset value: 'gsm8k', or 'mine' for 'data/mine.jsonl'."""
+    return os.path.basename(dataset).removesuffix(".jsonl")
+
+
+def filter_by_prompt_length(records, tokenizer, max_prompt_length, example=None):
     """Drop records whose prompt is longer than max_prompt_length tokens.
     Returns (kept, n_dropped) so the caller reports the count."""
     kept = [r for r in records
-            if len(tokenizer(format_prompt(tokenizer, r["question"], one_shot),
+            if len(tokenizer(format_prompt(tokenizer, r["question"], example),
                              add_special_tokens=False)["input_ids"]) <= max_prompt_length]
     return kept, len(records) - len(kept)

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from data import DataError, format_prompt, load_task, read_jsonl, tagged_solution
+from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model
 from rewards import answers_equal, extract_answer, format_reward, score
 
@@ -212,6 +212,11 @@ def read_rows(path):
     return [obj for _, obj in read_jsonl(path)]
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def plot_curves(metric_files, out_png, smooth=5):
     """Training curves over steps (RL steps only), one line per metrics.jsonl: reward, format,
     accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view)."""
@@ -272,7 +277,7 @@ def load_eval_model(name, adapter, device, load_in_4bit, log=print):
     return model.eval(), tok
 
 
-def sample(model, tok, records, task, args, one_shot, out_f, rows=()):
+def sample(model, tok, records, task, args, example, out_f, rows=()):
     """n completions per record, `--batch_size` completions per generate call; rows to out_f.
     `rows`: complete problems already sampled (--resume), which are skipped."""
     from tqdm import tqdm
@@ -285,7 +290,7 @@ def sample(model, tok, records, task, args, one_shot, out_f, rows=()):
     bar = tqdm(total=len(records), initial=first, desc=f"eval {task}", dynamic_ncols=True)
     for s in range(first, len(records), per_call):
         group = list(enumerate(records[s:s + per_call], s))
-        prompts = [format_prompt(tok, r["question"], one_shot) for _, r in group]
+        prompts = [format_prompt(tok, r["question"], example) for _, r in group]
         texts, lengths, trunc = [[] for _ in group], [[] for _ in group], [[] for _ in group]
         for done in range(0, n, chunk):
             m = min(chunk, n - done)
@@ -329,7 +334,7 @@ def parse_args(argv=None):
     a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
     a("--max_completion_length", type=int, default=None, help="max new tokens (default 1500; 96 for smollm2-135m)")
     a("--batch_size", type=int, default=32, help="completions per generate call (a problem's n samples may span calls)")
-    a("--one_shot", default=None,
+    a("--one_shot_from", default=None, metavar="DATASET",
       help="dataset whose first train record is shown as a worked example, or 'none' "
            "(default: arithmetic for smollm2-135m, as in its training demo; none otherwise)")
     a("--maj_subsets", type=int, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
@@ -355,7 +360,7 @@ def main(argv=None):
             if not os.path.isfile(f):
                 raise DataError(f"{f!r} does not exist")
         if args.plot:
-            plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), json.load(open(f)))
+            plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), read_json(f))
                         for f in args.plot], os.path.join(out, "passk.png"))
             print(f"wrote {os.path.join(out, 'passk.png')}")
         if args.curves:
@@ -370,7 +375,7 @@ def main(argv=None):
         if not rows:
             raise DataError(f"--rescore {args.rescore!r} holds no samples")
         old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
-        meta = {"dataset": rows[0]["task"], **(json.load(open(old_path)) if os.path.isfile(old_path) else {})}
+        meta = {"dataset": rows[0]["task"], **(read_json(old_path) if os.path.isfile(old_path) else {})}
         ks = args.k or meta.get("ks")
         seed = meta.get("seed", args.seed)
         args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
@@ -379,18 +384,17 @@ def main(argv=None):
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.max_completion_length is None:
             args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
-        if args.one_shot is None:
-            args.one_shot = "arithmetic" if args.model == "smollm2-135m" else "none"
+        if args.one_shot_from is None:
+            args.one_shot_from = "arithmetic" if args.model == "smollm2-135m" else "none"
         if args.n_samples < 1 or args.batch_size < 1:
             raise DataError("--n_samples and --batch_size must be >= 1")
         records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
         if not records:
             raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
-        task = os.path.basename(args.dataset).removesuffix(".jsonl")
-        one_shot = None
-        if args.one_shot != "none":
-            ex = load_task(args.one_shot, "train", args.data_dir)[0]
-            one_shot = (ex["question"], tagged_solution(ex))
+        task = task_name(args.dataset)
+        example = None
+        if args.one_shot_from != "none":
+            example = one_shot_example(load_task(args.one_shot_from, "train", args.data_dir)[0])
         ks = args.k or default_ks(args.n_samples)
         check_ks(ks, args.n_samples)                        # before any sampling time is spent
         seed = args.seed
@@ -410,10 +414,10 @@ def main(argv=None):
         model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit)
         with open(samples_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in done)
-            rows = sample(model, tok, records, task, args, one_shot, f, done)
+            rows = sample(model, tok, records, task, args, example, f, done)
         meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split,
                 "temperature": args.temperature, "max_completion_length": args.max_completion_length,
-                "one_shot": args.one_shot}
+                "one_shot_from": args.one_shot_from}
     n = len({r["sample"] for r in rows})
     ks = ks or default_ks(n)
     res = {**{k: v for k, v in meta.items() if k not in ("pass@k", "maj@k", "date", "rescored_from")},

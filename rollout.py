@@ -72,25 +72,27 @@ def _rows_logsumexp(z, rows=32):
 
 
 class ChunkedLogprobs(torch.autograd.Function):
-    """log pi(target) and entropy from final hidden states through the LM head, `chunk` positions
-    at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256 fp32 = 9 GB).
+    """log pi(target) and entropy from final hidden states through the LM head, `logprob_chunk`
+    positions at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256
+    fp32 = 9 GB).
 
-    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long
+    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk
               -> logp (T,) float32, entropy (T,) float32 (no gradient; Eq. 7's gamma acts
               through the advantage) -- both from each chunk's fp32 logits.
     backward: recomputes each chunk's logits and forms d logp / d z = onehot(target) - softmax(z)
-              in place, so the peak extra memory is about one (chunk, V) fp32 block.
+              in place, so the peak extra memory is about one (logprob_chunk, V) fp32 block.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy):
         T = hidden.shape[0]
         logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
-        for s in range(0, T, chunk):
-            z = F.linear(hidden[s:s + chunk], weight, bias).float()                  # (c, V)
+        c = logprob_chunk
+        for s in range(0, T, c):
+            z = F.linear(hidden[s:s + c], weight, bias).float()                      # (c, V)
             lse = _rows_logsumexp(z)                                                 # (c,)
-            logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
+            logp[s:s + c] = z.gather(1, targets[s:s + c, None]).squeeze(1) - lse
             if with_entropy:                                                         # H = -sum p log p
                 z.sub_(lse[:, None]).clamp_(min=torch.finfo(z.dtype).min)            # log p, -inf -> min
                 for r in range(0, z.shape[0], 32):                                   # small temporaries
@@ -98,7 +100,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                     ent[s + r:s + r + zr.shape[0]] = -zr.exp().mul_(zr).sum(dim=-1)
             del z
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.chunk = chunk
+        ctx.logprob_chunk = c
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -109,14 +111,15 @@ class ChunkedLogprobs(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            h, t, g = hidden[s:s + ctx.chunk], targets[s:s + ctx.chunk], g_logp[s:s + ctx.chunk].float()
+        c = ctx.logprob_chunk
+        for s in range(0, hidden.shape[0], c):
+            h, t, g = hidden[s:s + c], targets[s:s + c], g_logp[s:s + c].float()
             z = F.linear(h, weight, bias).float()                                    # (c, V)
             z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
             z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
             dz = z.to(weight.dtype)
             if need_h:
-                grad_h[s:s + ctx.chunk] = dz @ weight
+                grad_h[s:s + c] = dz @ weight
             if need_w:
                 grad_w.addmm_(dz.t().float(), h.float())
             if need_b:
@@ -139,12 +142,12 @@ def lm_head_of(model):
 
 
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, chunk_size=256):
+                      with_entropy=True, logprob_chunk=256):
     """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}.
 
-    One forward over prompt + completion. With chunk_size > 0 the model returns only its final
+    One forward over prompt + completion. With logprob_chunk > 0 the model returns only its final
     hidden states (`logits_to_keep=1`), and the LM head runs over the real completion tokens in
-    chunks (ChunkedLogprobs): memory O(chunk x V) instead of O(N x L x V). chunk_size=0 keeps the
+    chunks (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the
     full (N, L, V) logits (the reference path the tests compare against).
     Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
     (N, L) float32 without grad, or None.
@@ -152,14 +155,14 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     L = completion_ids.shape[1]
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    head = lm_head_of(model) if chunk_size > 0 else None
+    head = lm_head_of(model) if logprob_chunk > 0 else None
     if head is not None:
         out = model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False,
                     output_hidden_states=True)
         hidden = out.hidden_states[-1][:, -L - 1:-1]                      # (N, L, D): position t predicts o_t
         keep = completion_mask.bool()                                     # (N, L)
         logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
-                                          chunk_size, with_entropy)
+                                          logprob_chunk, with_entropy)
         zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
         return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
     logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=L + 1, use_cache=False).logits

@@ -10,8 +10,6 @@ from data import (SYSTEM_PROMPT, DataError, arithmetic_task, build_messages, las
 from rewards import score
 
 DATA = os.environ.get("GTPO_DATA_DIR")
-needs_data = pytest.mark.skipif(not (DATA and os.path.isdir(DATA)),
-                                reason="GTPO_DATA_DIR is not set to the offline datasets (../shared/data)")
 
 
 def test_split_gsm8k_drops_calculator_notes_and_commas():
@@ -84,7 +82,7 @@ def test_prompt_and_sft_target_format():
     assert fmt.item() == 10 and cor.item() == 10
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_real_datasets_load_with_expected_sizes():
     sizes = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math", "test"): 5000,
              ("math500", "test"): 500, ("aime24", "test"): 30, ("amc23", "test"): 40}

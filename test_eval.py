@@ -183,7 +183,7 @@ def test_k_above_n_fails_before_loading_anything(tmp_path):
         ev.main(["--k", "1", "16", "--output_dir", str(tmp_path / "x"), "--model", "no/such-model"])
 
 
-@pytest.mark.skipif(not DATA_DIR, reason="set GTPO_DATA_DIR to the offline datasets (../shared/data)")
+@pytest.mark.needs_data
 def test_end_to_end_two_gsm8k_problems_and_rescore(tmp_path):
     out = tmp_path / "ev"
     argv = ["--dataset", "gsm8k", "--limit", "2", "--n_samples", "3", "--max_completion_length", "24",

@@ -412,7 +412,8 @@ def test_masked_mean_and_token_logprobs():
     m = torch.tensor([[1, 1, 0], [0, 0, 0]])
     assert masked_mean(x, m).item() == 1.5
     assert masked_mean(x, m, dim=1).tolist() == [1.5, 0.0]
-    logits = torch.randn(2, 3, 11)
-    ids = torch.randint(0, 11, (2, 3))
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 11, generator=g)
+    ids = torch.randint(0, 11, (2, 3), generator=g)
     ref = torch.log_softmax(logits.double(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(token_logprobs(logits, ids).double(), ref, atol=1e-6)

@@ -12,18 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 import gtpo
+import step
 import train
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def _cmd(*args):
-    return [sys.executable, os.path.join(HERE, "train.py"), *args]
+from conftest import ENV, HERE, train_cmd as _cmd
 
 
 def _rows(out):
-    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 def _adapter(path):
@@ -41,14 +37,14 @@ def _wait_for(pred, proc, timeout=600):
 # -----------------------------------------------------------------------------
 # crash safety
 
-def test_kill9_then_resume_is_bit_exact(tmp_path):
+def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli):
     """The embedded model (its rewards vary, so GTPO really updates): 2 SFT warm-up steps then
     4 GTPO steps, checkpoints every 2. One run goes straight through; the other is SIGKILLed
     after checkpoint-4 is written and resumed. Same final adapter, bit for bit."""
     common = ["--max_steps", "6", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "24",
               "--sft_warmup_steps", "2", "--ent_ini_prompts", "2", "--seed", "5"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    r = subprocess.run(_cmd("--output_dir", a, *common), capture_output=True, text=True, env=ENV, timeout=900)
+    r = train_cli("--output_dir", a, *common)
     assert r.returncode == 0, r.stderr[-3000:]
 
     p = subprocess.Popen(_cmd("--output_dir", b, *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -59,9 +55,9 @@ def test_kill9_then_resume_is_bit_exact(tmp_path):
     assert not os.path.exists(os.path.join(b, "final"))
     # a kill in the middle of the next save leaves a .tmp folder: it is ignored, checkpoint-4 is used
     os.makedirs(os.path.join(b, "checkpoint-6.tmp"))
-    open(os.path.join(b, "checkpoint-6.tmp", "adapter_model.safetensors"), "w").write("partial")
-    r = subprocess.run(_cmd("--output_dir", b, "--resume", *common), capture_output=True, text=True, env=ENV,
-                       timeout=900)
+    with open(os.path.join(b, "checkpoint-6.tmp", "adapter_model.safetensors"), "w") as f:
+        f.write("partial")
+    r = train_cli("--output_dir", b, "--resume", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "checkpoint-4" in r.stdout
 
@@ -79,10 +75,9 @@ def test_kill9_then_resume_is_bit_exact(tmp_path):
     assert state["step"] == 6
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_model_dir):
+def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_cli):
     out = str(tmp_path / "run")
-    common = ["--model", tiny_model_dir, "--output_dir", out, "--generation_size", "2",
-              "--max_completion_length", "8", "--no-one_shot", "--entropy_filter", "off", "--save_steps", "1000"]
+    common = tiny_args(out, generation_size=2, max_completion_length=8, save_steps=1000)
     p = subprocess.Popen(_cmd("--max_steps", "10000", *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=ENV)
     metrics = os.path.join(out, "metrics.jsonl")
@@ -93,8 +88,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_model_dir):
     last = _rows(out)[-1]["step"]
     assert f"stopped after step {last} of 10000" in stdout and "--resume" in stdout
     assert os.path.isfile(os.path.join(out, f"checkpoint-{last}", "trainer_state.pt"))
-    r = subprocess.run(_cmd("--max_steps", str(last + 1), "--resume", *common), capture_output=True, text=True,
-                       env=ENV, timeout=300)
+    r = train_cli("--max_steps", str(last + 1), "--resume", *common, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in _rows(out)] == list(range(1, last + 2))
 
@@ -102,12 +96,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_model_dir):
 # -----------------------------------------------------------------------------
 # bad input: one clear message, exit code 2, nothing lost
 
-def _bad(tmp_path, *args):
-    return subprocess.run(_cmd("--output_dir", str(tmp_path / "x"), *args), capture_output=True, text=True,
-                          env=ENV, timeout=300)
-
-
-def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir):
+def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir, train_cli):
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": \n')
     no_cfg = tmp_path / "not_a_model"
@@ -121,41 +110,44 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir):
         (["--generation_size", "1"], "need G >= 2"),
     ]
     for args, msg in cases:
-        r = _bad(tmp_path, *args)
+        r = train_cli("--output_dir", str(tmp_path / "x"), *args, timeout=300)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
 
 
-def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_model_dir):
+def _bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_cli):
     out = str(tmp_path / "run")
 
     def args(**over):
-        flags = {"model": tiny_model_dir, "output_dir": out, "generation_size": "2", "max_completion_length": "4",
-                 "entropy_filter": "off", "max_steps": "1", "lora_rank": "4", **over}
-        return [x for k, v in flags.items() for x in (f"--{k}", v)] + ["--no-one_shot"]
-    assert subprocess.run(_cmd(*args()), env=ENV, capture_output=True, timeout=300).returncode == 0
-    before = {f: open(os.path.join(out, f), "rb").read() for f in ("metrics.jsonl", "config.json")}
+        return tiny_args(**{"out": out, "generation_size": 2, "max_completion_length": 4, "max_steps": 1, **over})
+    assert train_cli(*args(), timeout=300).returncode == 0
+    before = {f: _bytes(os.path.join(out, f)) for f in ("metrics.jsonl", "config.json")}
     w_before = _adapter(os.path.join(out, "checkpoint-1"))
     for argv, msg in [(args(lora_rank="8") + ["--resume"], "lora_rank: 4 there vs 8 now"),
                       (args(generation_size="3") + ["--resume"], "generation_size: 2 there vs 3 now"),
                       (args(), "already holds a run")]:
-        r = subprocess.run(_cmd(*argv), env=ENV, capture_output=True, text=True, timeout=300)
+        r = train_cli(*argv, timeout=300)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-2000:])
-        assert {f: open(os.path.join(out, f), "rb").read() for f in before} == before
+        assert {f: _bytes(os.path.join(out, f)) for f in before} == before
         w = _adapter(os.path.join(out, "checkpoint-1"))
         assert all(torch.equal(w[k], w_before[k]) for k in w)
     # a run killed before its first checkpoint: same config, nothing to resume from
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
-    open(os.path.join(empty, "config.json"), "wb").write(before["config.json"])
-    r = subprocess.run(_cmd(*args(output_dir=empty), "--resume"), env=ENV, capture_output=True, text=True,
-                       timeout=300)
+    with open(os.path.join(empty, "config.json"), "wb") as f:
+        f.write(before["config.json"])
+    r = train_cli(*args(out=empty), "--resume", timeout=300)
     assert r.returncode == 2 and "has no checkpoint-* folder yet" in r.stderr, r.stderr[-2000:]
 
 
-def test_load_in_4bit_on_cpu_warns_and_continues(tmp_path, tiny_model_dir):
-    r = _bad(tmp_path, "--model", tiny_model_dir, "--load_in_4bit", "--max_steps", "1", "--generation_size", "2",
-             "--max_completion_length", "4", "--no-one_shot", "--entropy_filter", "off")
+def test_load_in_4bit_on_cpu_warns_and_continues(tmp_path, tiny_args, train_cli):
+    r = train_cli(*tiny_args(tmp_path / "x", load_in_4bit=True, max_steps=1, generation_size=2,
+                             max_completion_length=4), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "4-bit loading needs a CUDA GPU: skipping it on CPU" in r.stdout
 
@@ -163,32 +155,30 @@ def test_load_in_4bit_on_cpu_warns_and_continues(tmp_path, tiny_model_dir):
 # -----------------------------------------------------------------------------
 # numerical degenerate cases (in-process, tiny model)
 
-def _tiny(tmp_path, tiny_model_dir, *extra):
-    argv = ["--model", tiny_model_dir, "--output_dir", str(tmp_path / "run"), "--generation_size", "4",
-            "--max_completion_length", "6", "--no-one_shot", "--entropy_filter", "off", "--lora_rank", "4",
-            "--optimizer", "adamw_torch", "--lr", "1e-2", "--warmup_ratio", "0", "--weight_decay", "0", *extra]
-    return train.main(argv)
+def _tiny(tmp_path, tiny_args, *extra):
+    argv = tiny_args(tmp_path / "run", optimizer="adamw_torch", lr=1e-2, warmup_ratio=0, weight_decay=0)
+    return train.main(argv + list(extra))
 
 
-def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(train, "score", lambda texts, answers, task: (torch.full((len(texts),), 10.0),) * 2
+def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monkeypatch):
+    monkeypatch.setattr(step, "score", lambda texts, answers, task: (torch.full((len(texts),), 10.0),) * 2
                         + (torch.zeros(len(texts)),))
     # GRPO: zero advantages, so the step applies a zero gradient
-    assert _tiny(tmp_path, tiny_model_dir, "--max_steps", "2", "--use_grpo") == 0
+    assert _tiny(tmp_path, tiny_args, "--max_steps", "2", "--use_grpo") == 0
     for r in _rows(str(tmp_path / "run")):
         assert r["frac_reward_zero_std"] == 1.0 and r["loss"] == 0.0 and r["grad_norm"] == 0.0
         assert "skipped_nonfinite" not in r
     w = _adapter(str(tmp_path / "run" / "final"))
     assert all(v.abs().sum() == 0 for k, v in w.items() if "lora_B" in k)    # no update at all
     # GTPO: only Eq. 7's entropy term acts (-gamma <H>_i as the advantage), finite
-    assert _tiny(tmp_path, tiny_model_dir, "--max_steps", "1", "--overwrite") == 0
+    assert _tiny(tmp_path, tiny_args, "--max_steps", "1", "--overwrite") == 0
     (r,) = _rows(str(tmp_path / "run"))
     assert r["frac_reward_zero_std"] == 1.0 and "skipped_nonfinite" not in r
     assert r["loss"] == pytest.approx(0.1 * r["entropy"], rel=1e-4) and 0 < r["grad_norm"] < float("inf")
 
 
-def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(train, "score", lambda texts, answers, task: (torch.arange(len(texts)) % 2 * 10.0,) * 2
+def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_args, monkeypatch):
+    monkeypatch.setattr(step, "score", lambda texts, answers, task: (torch.arange(len(texts)) % 2 * 10.0,) * 2
                         + (torch.zeros(len(texts)),))
     real = gtpo.gtpo_loss
     calls = {"n": 0}
@@ -198,7 +188,7 @@ def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_model_d
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] == 1 else loss), m
     monkeypatch.setattr(gtpo, "gtpo_loss", nan_on_first_step)
-    assert _tiny(tmp_path, tiny_model_dir, "--max_steps", "2") == 0
+    assert _tiny(tmp_path, tiny_args, "--max_steps", "2") == 0
     rows = _rows(str(tmp_path / "run"))
     assert rows[0]["skipped_nonfinite"] == 1 and "skipped_nonfinite" not in rows[1]
     assert all(torch.isfinite(v).all() for v in _adapter(str(tmp_path / "run" / "final")).values())
@@ -206,9 +196,7 @@ def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_model_d
     monkeypatch.setattr(gtpo, "gtpo_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
     out = tmp_path / "nan"
     with pytest.raises(FloatingPointError, match="5 consecutive steps"):
-        train.main(["--model", tiny_model_dir, "--output_dir", str(out), "--generation_size", "4",
-                    "--max_completion_length", "6", "--no-one_shot", "--entropy_filter", "off", "--lora_rank", "4",
-                    "--max_steps", "20", "--save_steps", "2"])
+        train.main(tiny_args(out, max_steps=20, save_steps=2))
     assert [r["step"] for r in _rows(str(out))] == [1, 2, 3, 4, 5]
     assert os.path.isfile(out / "checkpoint-4" / "adapter_model.safetensors")    # what was written stays
 
@@ -219,23 +207,21 @@ def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_model_d
 DDP_HELPER = '''
 import os, sys, torch
 sys.path.insert(0, {here!r})
-import train
+import step, train
 rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task):          # rank 0 rewards 0,1,2,0 ; rank 1 the same + 10
     r = (torch.arange(len(texts)) % 3).float() + 10 * rank
     return r, r, torch.zeros_like(r)
-train.score = fake_score
+step.score = fake_score
 sys.exit(train.main(sys.argv[1:]))
 '''
 
 
-def test_torchrun_two_processes(tmp_path, tiny_model_dir):
+def test_torchrun_two_processes(tmp_path, tiny_args):
     helper = tmp_path / "ddp_train.py"
     helper.write_text(DDP_HELPER.format(here=HERE))
     out = str(tmp_path / "ddp")
-    common = ["--model", tiny_model_dir, "--output_dir", out, "--generation_size", "4", "--max_completion_length",
-              "6", "--no-one_shot", "--entropy_filter", "off", "--lora_rank", "4", "--save_steps", "2",
-              "--optimizer", "adamw_torch", "--lr", "1e-2", "--warmup_ratio", "0"]
+    common = tiny_args(out, save_steps=2, optimizer="adamw_torch", lr=1e-2, warmup_ratio=0)
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
            str(helper)]
     r = subprocess.run(run + common + ["--max_steps", "2"], capture_output=True, text=True, env=ENV, timeout=600)
@@ -245,7 +231,8 @@ def test_torchrun_two_processes(tmp_path, tiny_model_dir):
     assert [x["step"] for x in rows] == [1, 2]                             # one writer
     # each rank's mean reward is 0.75 and 10.75: the logged value is their mean
     assert all(x["reward"] == pytest.approx(5.75) for x in rows)
-    assert json.load(open(os.path.join(out, "config.json")))["world_size"] == 2
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["world_size"] == 2
     w = _adapter(os.path.join(out, "final"))
     assert any(v.abs().sum() > 0 for k, v in w.items() if "lora_B" in k)
     r = subprocess.run(run + common + ["--max_steps", "3", "--resume"], capture_output=True, text=True, env=ENV,

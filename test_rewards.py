@@ -10,8 +10,6 @@ from rewards import (answers_equal, extract_answer, format_reward, latex_equal, 
                      score)
 
 DATA = os.environ.get("GTPO_DATA_DIR")
-needs_data = pytest.mark.skipif(not (DATA and os.path.isdir(DATA)),
-                                reason="GTPO_DATA_DIR is not set to the offline datasets (../shared/data)")
 
 
 def wrap(ans):
@@ -101,7 +99,7 @@ def _rows(name, split="test"):
         return [json.loads(line) for line in f]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_math500_curated_answers_match_loader_reference():
     from data import load_task
     recs, raw = load_task("math500", "test"), _rows("math500")
@@ -110,7 +108,7 @@ def test_math500_curated_answers_match_loader_reference():
     assert len(recs) == 500 and len(misses) <= 5, misses
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_gsm8k_answers_rewritten_as_a_person_would():
     from data import load_task
     recs = load_task("gsm8k", "test")
@@ -126,7 +124,7 @@ def test_gsm8k_answers_rewritten_as_a_person_would():
     assert len(recs) == 1319 and len(misses) <= variants // 1000, misses[:20]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_aime24_references_are_integers_in_both_forms():
     from data import load_task
     recs, raw = load_task("aime24", "test"), _rows("aime24")
@@ -137,7 +135,7 @@ def test_aime24_references_are_integers_in_both_forms():
             assert score([wrap(form)], [rec["answer"]], "aime24")[0].item() == 20
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("name", ["gsm8k", "math500", "aime24", "amc23"])
 def test_wrong_answers_score_format_only(name):
     # a wrong answer = the reference of the next item whose reference differs as text

@@ -2,17 +2,14 @@
 step per method, a 2-step run of the embedded model with a resume, and bad flags."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import step
 import train
-from models import embedded_model_dir, load_tokenizer
+from models import load_tokenizer
 from rollout import completion_mask, rollout
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_completion_mask_stops_after_first_eos():
@@ -50,29 +47,27 @@ def test_rollout_on_tiny_model(tiny_model_dir):
             assert all(t == tok.pad_token_id for t in row[n:])
 
 
-def _run(tmp_path, tiny_model_dir, monkeypatch, *extra):
+def _run(tmp_path, tiny_args, monkeypatch, *extra):
     # a random model earns no reward; a fake reward that varies within each group makes the
     # advantages non-zero so that every method has a gradient to apply
     def fake_score(texts, answers, task):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(train, "score", fake_score)
+    monkeypatch.setattr(step, "score", fake_score)
     out = str(tmp_path / "run")
-    argv = ["--model", tiny_model_dir, "--dataset", "arithmetic", "--max_steps", "1", "--lora_rank", "4",
-            "--generation_size", "4", "--max_completion_length", "8", "--lr", "1e-2", "--output_dir", out,
-            "--entropy_filter", "off", "--no-one_shot", "--optimizer", "adamw_torch", "--adam_beta1", "0.9",
-            "--adam_beta2", "0.95", "--warmup_ratio", "0", *extra]
+    argv = tiny_args(out, max_steps=1, max_completion_length=8, lr=1e-2, optimizer="adamw_torch", adam_beta1=0.9,
+                     adam_beta2=0.95, warmup_ratio=0) + list(extra)
     assert train.main(argv) == 0
     from safetensors.torch import load_file
     return out, load_file(os.path.join(out, "final", "adapter_model.safetensors"))
 
 
 @pytest.mark.parametrize("method", [["--use_gtpo"], ["--use_grpo", "--beta", "0.04"], ["--use_sft"]])
-def test_one_step_changes_lora_weights(tmp_path, tiny_model_dir, monkeypatch, method):
-    out, w = _run(tmp_path, tiny_model_dir, monkeypatch, *method)
+def test_one_step_changes_lora_weights(tmp_path, tiny_args, monkeypatch, method):
+    out, w = _run(tmp_path, tiny_args, monkeypatch, *method)
     lora_b = [v for k, v in w.items() if "lora_B" in k]
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b)         # B starts at exactly 0
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = _rows(out)
     assert len(rows) == 1 and rows[0]["step"] == 1
     if method[0] != "--use_sft":
         for k in ("reward", "reward_std", "rewards/format", "rewards/accuracy", "frac_reward_zero_std",
@@ -84,32 +79,31 @@ def test_one_step_changes_lora_weights(tmp_path, tiny_model_dir, monkeypatch, me
         assert "gtpo/conflict_frac" in rows[0] and "gtpo/filtered_frac" in rows[0]
 
 
-def _cli(*args, cwd=HERE):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=900)
+def _rows(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
-def test_embedded_two_steps_then_resume(tmp_path):
+def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     out = str(tmp_path / "demo")
     # the demo profile: step 1 is the SFT warm-up, steps 2-3 are GTPO
     common = ["--output_dir", out, "--generation_size", "2", "--max_completion_length", "16",
               "--ent_ini_prompts", "2", "--save_steps", "2", "--sft_warmup_steps", "1"]
-    r = _cli("--max_steps", "2", *common)
+    r = train_cli("--max_steps", "2", *common)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = _rows(out)
     assert [row["step"] for row in rows] == [1, 2]
     assert os.path.isfile(os.path.join(out, "checkpoint-2", "adapter_model.safetensors"))
     assert os.path.isfile(os.path.join(out, "checkpoint-2", "trainer_state.pt"))
     assert os.path.getsize(os.path.join(out, "samples.jsonl")) > 0
     assert "entropy filter" in r.stdout                               # the Eq. 6 decision is logged
     # the same command again is refused; with --resume it continues to step 3
-    r = _cli("--max_steps", "3", *common)
+    r = train_cli("--max_steps", "3", *common)
     assert r.returncode == 2 and "--resume" in r.stderr
-    r = _cli("--max_steps", "3", "--resume", *common)
+    r = train_cli("--max_steps", "3", "--resume", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = _rows(out)
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert [row["phase"] for row in rows] == ["sft", "rl", "rl"]
     state = torch.load(os.path.join(out, "checkpoint-3", "trainer_state.pt"), weights_only=False)
@@ -122,18 +116,18 @@ def test_embedded_two_steps_then_resume(tmp_path):
     (["--dataset", "gsm9k"], "unknown dataset 'gsm9k'"),
     (["--resume"], "no run in"),
 ])
-def test_bad_flags_fail_with_a_clear_message(tmp_path, args, msg):
-    r = _cli("--output_dir", str(tmp_path / "x"), *args)
+def test_bad_flags_fail_with_a_clear_message(tmp_path, train_cli, args, msg):
+    r = train_cli("--output_dir", str(tmp_path / "x"), *args)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
 
 
-def test_contradictory_methods_are_refused():
-    r = _cli("--use_gtpo", "--use_sft")
+def test_contradictory_methods_are_refused(train_cli):
+    r = train_cli("--use_gtpo", "--use_sft")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-def test_help_explains_batch_size():
-    r = _cli("--help")
+def test_help_explains_batch_size(train_cli):
+    r = train_cli("--help")
     assert r.returncode == 0 and "PROMPTS per optimizer step" in r.stdout
 
 
@@ -171,7 +165,7 @@ def test_chunked_logprobs_match_full_logits(tiny_model_dir, lora):
     out = {}
     for chunk in (0, 4, 256):                           # full logits; chunks smaller and larger than T
         model.zero_grad()
-        logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, chunk_size=chunk)
+        logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, logprob_chunk=chunk)
         loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.entropy_gate(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1),
                                  weights)
         loss.backward()

@@ -1,0 +1,241 @@
+"""The life of a training run, apart from the algorithm: its folder, config, metrics log,
+checkpoints and --resume (weights, optimizer, scheduler, RNG of every rank), data-parallel ranks
+(torchrun) and the stop signal. train.py calls these; nothing here knows GTPO from GRPO.
+"""
+import glob
+import json
+import os
+import random
+import shutil
+import sys
+
+import torch
+
+# a run's identity: --resume refuses a checkpoint whose values differ
+RUN_KEYS = ("method", "model", "dataset", "lora_rank", "generation_size", "batch_size", "seed")
+
+
+class ConfigError(ValueError):
+    """A flag or run folder that cannot work; the message says how to fix it."""
+
+
+# -----------------------------------------------------------------------------
+# the run folder
+
+def prepare_output_dir(out, config, resume, overwrite):
+    """Refuse to mix two runs in one folder; on --resume check the checkpoint fits this config."""
+    cfg_path = os.path.join(out, "config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path) as f:
+            old = json.load(f)
+        if resume:
+            diff = {k: (old.get(k), config[k]) for k in RUN_KEYS if old.get(k) != config[k]}
+            if diff:
+                raise ConfigError(f"--resume: {out} holds a run with a different config "
+                                  + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in diff.items())
+                                  + "; use the same flags or another --output_dir")
+        elif not overwrite:
+            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, "
+                              f"--overwrite to replace it, or another --output_dir")
+        else:
+            for f in ("metrics.jsonl", "samples.jsonl"):
+                if os.path.exists(os.path.join(out, f)):
+                    os.remove(os.path.join(out, f))
+            for d in glob.glob(os.path.join(out, "checkpoint-*")):
+                shutil.rmtree(d)
+    elif resume:
+        raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
+    os.makedirs(out, exist_ok=True)
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+class MetricsLog:
+    """metrics.jsonl (one row per step, flushed) and samples.jsonl; only rank 0 writes."""
+
+    def __init__(self, out, enabled):
+        self.out = out
+        self.f = open(os.path.join(out, "metrics.jsonl"), "a") if enabled else None
+
+    def write(self, row):
+        if self.f:
+            self.f.write(json.dumps(row) + "\n")
+            self.f.flush()
+
+    def samples(self, rows):
+        if self.f:
+            with open(os.path.join(self.out, "samples.jsonl"), "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def close(self):
+        if self.f:
+            self.f.close()
+            self.f = None
+
+
+def truncate_metrics(path, step):
+    """Drop rows logged after the checkpoint we resume from, so no step appears twice."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(rows)
+    os.replace(path + ".tmp", path)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+def last_checkpoint(out):
+    ckpts = [d for d in glob.glob(os.path.join(out, "checkpoint-*")) if d.rsplit("-", 1)[-1].isdigit()]
+    return max(ckpts, key=lambda d: int(d.rsplit("-", 1)[-1]), default=None)
+
+
+def save_checkpoint(path, model, tokenizer, optimizer, scheduler, state):
+    """Adapter (PEFT format) or full model + optimizer, scheduler and `state` (step, RNG of every
+    rank, config, <H>_ini) in trainer_state.pt.
+    Written to a temporary folder and renamed, so a kill mid-save leaves the old one intact."""
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **state},
+               os.path.join(tmp, "trainer_state.pt"))
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(tmp, path)
+
+
+def load_weights(model, path):
+    from safetensors.torch import load_file
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+        set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter_model.safetensors")))
+    else:
+        from transformers.modeling_utils import load_sharded_checkpoint
+        if os.path.exists(os.path.join(path, "model.safetensors")):
+            model.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
+        else:
+            load_sharded_checkpoint(model, path)
+
+
+def rng_state(device):
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            **({"cuda": torch.cuda.get_rng_state(device)} if device.startswith("cuda") else {})}
+
+
+def resume(out, model, optimizer, scheduler, dist):
+    """Restore the last checkpoint of `out`: weights, optimizer, scheduler, this rank's RNG.
+    Returns its state dict (step, h_ini, config, ...)."""
+    ckpt = last_checkpoint(out)
+    if ckpt is None:
+        raise ConfigError(f"--resume: {out} has no checkpoint-* folder yet; start without --resume")
+    load_weights(model, ckpt)
+    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+    if state.get("world_size", 1) != dist.world:
+        raise ConfigError(f"--resume: {ckpt} was written by {state.get('world_size', 1)} processes, this run "
+                          f"has {dist.world}; resume with the same --nproc_per_node")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and dist.device.startswith("cuda"):
+        torch.cuda.set_rng_state(rng["cuda"], dist.device)
+    if dist.main:
+        truncate_metrics(os.path.join(out, "metrics.jsonl"), state["step"])
+    state["checkpoint"] = ckpt
+    return state
+
+
+# -----------------------------------------------------------------------------
+# ranks and signals
+
+class Dist:
+    """torch.distributed for `torchrun --nproc_per_node K train.py ...` (NCCL on GPUs, gloo on CPU);
+    a no-op with one process. Each rank rolls out its own prompts; DDP averages the gradients."""
+
+    def __init__(self, device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = device
+        if self.world > 1:
+            import torch.distributed as dist
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            if device.startswith("cuda"):
+                self.device = f"cuda:{local}"
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+            self.dist = dist
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def wrap(self, model):
+        if self.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[self.device] if self.device.startswith("cuda") else None)
+
+    def mean(self, values):
+        """Average a dict of floats over ranks (same keys on every rank)."""
+        if self.world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(t)
+        return dict(zip(keys, (t / self.world).tolist()))
+
+    def gather(self, obj):
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self):
+        if self.world > 1:
+            self.dist.barrier()
+
+    def close(self):
+        if self.world > 1 and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def weights_fingerprint(params):
+    """Two exact integer checksums of the raw bits of the trainable weights (ranks must agree)."""
+    total, mixed = 0, 0
+    for j, p in enumerate(params):
+        bits = p.detach().contiguous().view(torch.int16 if p.element_size() == 2 else torch.int32).flatten().long()
+        total += bits.sum().item()
+        mixed += (bits * (torch.arange(bits.numel(), device=bits.device) % 8191 + j)).sum().item()
+    return total, mixed
+
+
+class StopFlag:
+    """SIGTERM / first Ctrl-C: finish the current step, save a checkpoint, exit 0."""
+
+    def __init__(self):
+        import signal
+        import threading
+        self.signal, self.old = None, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handler)
+
+    def restore(self):
+        import signal
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum, frame):
+        import signal
+        if self.signal is not None:                 # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(f"\n{self.signal}: finishing this step, then saving a checkpoint (send it again to stop now)",
+              file=sys.stderr)

@@ -1,0 +1,212 @@
+"""One training step of GTPO, GRPO or SFT (arXiv 2508.03772): what the loop calls, and what
+bench.py times.
+
+rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
+           -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
+sft_step   token NLL of the worked solution in the tag format, backward
+initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
+
+Each step leaves gradients in the parameters; the caller clips, steps the optimizer and logs.
+`clock(stage)` is called at the end of each stage (generate, reward, masks, reference, forward,
+backward); the loop and bench.py pass a Clock to time the same code.
+"""
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+import gtpo
+from data import format_prompt, tagged_solution
+from rewards import score
+from rollout import rollout, sequence_logprobs
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What a step needs to know, built once from the flags (train.step_config)."""
+    method: str                     # "gtpo", "grpo" or "sft"
+    task: str                       # the reward's task name (rewards.score)
+    generation_size: int            # G
+    max_completion_length: int
+    temperature: float = 1.0
+    micro_batch_size: int = 0       # completions per forward/backward; 0 = all at once
+    logprob_chunk: int = 256        # completion tokens per LM-head chunk; 0 = full (N, L, V) logits
+    scale_rewards: bool = True      # Eq. 8's std division
+    # GTPO
+    conflict_weight: float = 2.0    # lambda on positive completions' conflict tokens (Eq. 5)
+    conflict_combine: str = "or"
+    conflict_norm: bool = False
+    entropy_filter: str = "off"     # resolved: "all", "neg" or "off" (train resolves "auto", Eq. 6)
+    ent_threshold: float = 0.6931471805599453
+    ent_gamma: float = 0.1
+    # GRPO
+    beta: float = 0.0
+    clip_eps: float = 0.2
+    min_new_tokens: int = 0         # bench.py forces completion lengths
+
+
+class Clock:
+    """Seconds per stage: clock("generate") adds the time since the last call to that stage."""
+
+    def __init__(self, device="cpu"):
+        self.cuda, self.t, self.parts = str(device).startswith("cuda"), time.perf_counter(), {}
+
+    def __call__(self, stage):
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.parts[stage] = self.parts.get(stage, 0.0) + now - self.t
+        self.t = now
+
+
+def _no_clock(stage):
+    pass
+
+
+# -----------------------------------------------------------------------------
+# the one place where GTPO and GRPO differ, given a micro-batch's log-probs
+
+def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None):
+    """GTPO (Eq. 7 with Eq. 5's weights, Eq. 6's filter and -gamma <H>_i) or GRPO (Eq. 1).
+
+    logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i; weights (n, L) and
+    n_conflict (n,) from conflict_weights (GTPO); ref (n, L) reference log-probs (GRPO, beta > 0).
+    Returns (loss, metrics, shaped advantage or None).
+    """
+    if cfg.method == "gtpo":
+        a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.entropy_filter)   # Eq. 6-7
+        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, n_conflict if cfg.conflict_norm else None)
+        return loss, m, a
+    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=cfg.beta, clip_eps=cfg.clip_eps)
+    return loss, m, None
+
+
+def reference_logprobs(model, ref_model, ro, rows, cfg):
+    """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same model with its LoRA
+    adapters switched off (no second copy in memory)."""
+    ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
+    with torch.no_grad(), ctx:
+        ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, ro.prompt_ids[rows],
+                                   ro.prompt_mask[rows], ro.completion_ids[rows], ro.completion_mask[rows],
+                                   with_entropy=False, logprob_chunk=cfg.logprob_chunk)
+    return ref
+
+
+# -----------------------------------------------------------------------------
+# RL step
+
+def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, reward_fn=None):
+    """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
+
+    model: the policy (generates; reference with adapters off); policy: the same model, wrapped
+    in DDP under torchrun (gradient pass). prompts: B chat-formatted strings; answers: B references.
+    Returns (metrics, rollout, rewards (B*G,)).
+    """
+    G, device = cfg.generation_size, next(model.parameters()).device
+    # ---- 1. rollout (no grad): G completions per prompt, one generate call
+    ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
+                 min_new_tokens=cfg.min_new_tokens)
+    mask = ro.completion_mask                                                        # (N, L)
+    clock("generate")
+    # ---- 2. rewards -> group advantages (Eq. 8)
+    total, fmt, cor = (reward_fn or score)(ro.texts, [a for a in answers for _ in range(G)], cfg.task)
+    adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
+    clock("reward")
+    # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
+    weights = conflict = n_conf = None
+    if cfg.method == "gtpo":
+        weights, conflict, n_conf = gtpo.batch_conflict_weights(
+            ro.completion_ids, mask, adv, G, pos_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
+        clock("masks")
+    # ---- 4. loss over micro-batches of completions, backward (DDP syncs on the last one)
+    N = len(ro.texts)
+    mb = cfg.micro_batch_size or N
+    ent_i, gated, kls, loss_sum = [], [], [], 0.0
+    for s in range(0, N, mb):
+        rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
+        last = s + mb >= N
+        with contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync():
+            ref = None
+            if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
+                ref = reference_logprobs(model, ref_model, ro, rows, cfg)
+                clock("reference")
+            logp, ent = sequence_logprobs(policy, ro.prompt_ids[rows], ro.prompt_mask[rows],
+                                          ro.completion_ids[rows], mask[rows], logprob_chunk=cfg.logprob_chunk)
+            h = gtpo.masked_mean(ent, mask[rows], dim=1)                              # (n,) <H>_i
+            loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
+                                      None if weights is None else weights[rows],
+                                      None if n_conf is None else n_conf[rows], ref)
+            part_loss = loss * n_mb / N                                              # mean over all N
+            clock("forward")
+            part_loss.backward()            # always (DDP ranks must agree); a NaN is caught at the step
+            clock("backward")
+        ent_i.append(h)
+        gated += [] if a is None else [a]
+        kls += [lm["kl"] * n_mb] if "kl" in lm else []
+        loss_sum += part_loss.item()
+    m = rl_metrics(cfg, ro, total, fmt, cor, torch.cat(ent_i), loss_sum)
+    if cfg.method == "gtpo":
+        g = torch.cat(gated)
+        m.update({"gtpo/filtered_frac": ((g == 0) & (adv != 0)).float().mean().item()
+                  if cfg.entropy_filter != "off" else 0.0,
+                  "gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
+                  "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
+    if kls:
+        m["kl"] = (sum(kls) / N).item()
+    return m, ro, total
+
+
+def rl_metrics(cfg, ro, total, fmt, cor, h, loss):
+    """The step's metrics under TRL's names (README, "Reading metrics.jsonl")."""
+    G = cfg.generation_size
+    std = total.view(-1, G).std(dim=1)                                               # (B,)
+    lengths = ro.completion_mask.sum(1).float()
+    return {"phase": "rl", "loss": loss, "reward": total.mean().item(), "reward_std": std.mean().item(),
+            "rewards/format": fmt.mean().item(), "rewards/accuracy": cor.mean().item(),
+            "frac_reward_zero_std": (std == 0).float().mean().item(), "entropy": h.mean().item(),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/clipped_ratio": ro.truncated.float().mean().item()}
+
+
+# -----------------------------------------------------------------------------
+# SFT step and <H>_ini
+
+def sft_batch(tokenizer, records, example, device):
+    """Prompt + worked solution in the tag format + EOS, as (prompt, completion) tensors."""
+    prompts = [format_prompt(tokenizer, r["question"], example) for r in records]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    targets = [tokenizer(tagged_solution(r) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+               for r in records]
+    L = max(len(t) for t in targets)
+    ids = torch.full((len(records), L), tokenizer.pad_token_id, dtype=torch.long)     # (N, L)
+    mask = torch.zeros(len(records), L, dtype=torch.long)
+    for i, t in enumerate(targets):
+        ids[i, :len(t)] = torch.tensor(t)
+        mask[i, :len(t)] = 1
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device), ids.to(device), mask.to(device)
+
+
+def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
+    """Mean token NLL of the records' worked solutions (SFT, or the warm-up before RL); backward."""
+    p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
+    logp, _ = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, with_entropy=False,
+                                logprob_chunk=cfg.logprob_chunk)
+    loss = -gtpo.masked_mean(logp, c_mask)
+    clock("forward")
+    loss.backward()
+    clock("backward")
+    return {"phase": "sft", "loss": loss.item()}
+
+
+def initial_entropy(model, tok, prompts, cfg):
+    """<H>_ini (Sec. 6, Eq. 6): mean completion entropy of the untrained policy, one sample per
+    prompt, 8 prompts per generate call."""
+    vals = []
+    for i in range(0, len(prompts), 8):
+        ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature)
+        with torch.no_grad():
+            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+                                       ro.completion_mask, logprob_chunk=cfg.logprob_chunk)
+        vals.append(gtpo.masked_mean(ent, ro.completion_mask, dim=1))
+    return torch.cat(vals).mean().item()
