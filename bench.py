@@ -270,6 +270,77 @@ def bench_step(args):
 # -----------------------------------------------------------------------------
 # main
 
+def report_conflict(args, res):
+    """Part 1: conflict masks, ours against the vocabulary-indexed style."""
+    res["conflict"] = []
+    print("\n1. conflict mask                    ours: time    peak  | vocab-indexed: time    peak  | speed-up  memory")
+    for G, L, V in [(12, 1500, 128256), (8, 256, 49152)]:
+        ours = in_child("conflict", dict(G=G, L=L, V=V, impl="ours", repeats=20), args.device)
+        ref = in_child("conflict", dict(G=G, L=L, V=V, impl="vocab", repeats=3), args.device)
+        row = {"G": G, "L": L, "V": V, "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_bytes"] / MB,
+               "vocab_s": ref["seconds"], "vocab_peak_mb": ref["peak_bytes"] / MB,
+               "speedup": ref["seconds"] / ours["seconds"],
+               "memory_ratio_at_least": ref["peak_bytes"] / max(ours["peak_bytes"], 0.1 * MB)}
+        if L <= 256:                        # small enough to compare the two outputs in this process
+            ids, mask, adv = _conflict_inputs(G, L, V)
+            ours_w = gtpo.conflict_weights(ids, mask, adv, combine="product")[0]
+            row["same_weights_as_product_combine"] = torch.equal(ours_w, vocab_indexed_conflict(ids, mask, adv, V)[0])
+        res["conflict"].append(row)
+        print(f"   G={G:2d} L={L:4d} V={V:6d}        {row['ours_s'] * 1e3:8.1f} ms {row['ours_peak_mb']:6.1f} MB"
+              f" | {row['vocab_s'] * 1e3:9.1f} ms {row['vocab_peak_mb']:7.1f} MB"
+              f" | {row['speedup']:7.0f}x {'>=' if row['ours_peak_mb'] < 0.1 else '  '}{row['memory_ratio_at_least']:.0f}x")
+
+
+def report_loss(args, res):
+    """Part 2: peak memory of the loss + backward, chunked against full logits."""
+    cfg = dict(N=12, L=1024, V=49152, D=576)
+    chunk_mb = args.logprob_chunk * cfg["V"] * 4 / MB
+    full = in_child("loss", {**cfg, "logprob_chunk": 0}, args.device)
+    chunked = in_child("loss", {**cfg, "logprob_chunk": args.logprob_chunk, "tensor_peak": True}, args.device)
+    hidden_only = in_child("loss", {**cfg, "logprob_chunk": -1, "tensor_peak": True}, args.device)
+    res["loss_memory"] = {**cfg, "chunk": args.logprob_chunk, "one_chunk_logits_mb": chunk_mb,
+                          "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
+                          "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
+                          "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
+                          "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb,
+                          "hidden_states_part_mb": hidden_only["peak_bytes"] / MB,
+                          **({"chunked_tensor_peak_mb": chunked["tensor_peak_bytes"] / MB,
+                              "hidden_states_tensor_peak_mb": hidden_only["tensor_peak_bytes"] / MB,
+                              "chunked_head_tensor_over_one_chunk":
+                                  (chunked["tensor_peak_bytes"] - hidden_only["tensor_peak_bytes"]) / MB / chunk_mb}
+                             if "tensor_peak_bytes" in chunked else {}),
+                          "chunked_head_part_over_one_chunk":
+                              (chunked["peak_bytes"] - hidden_only["peak_bytes"]) / MB / chunk_mb}
+    lm = res["loss_memory"]
+    print(f"\n2. loss + backward, N=12 L=1024 V=49152 (one fp32 (N,L,V) logits = {lm['full_logits_mb']:.0f} MB)")
+    print(f"   full logits   peak extra {lm['full_peak_mb']:8.0f} MB   {lm['full_s']:6.2f} s")
+    print(f"   chunk {args.logprob_chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
+          f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
+    print(f"   of which the (N, L, D) hidden-state gather and gradients alone take {lm['hidden_states_part_mb']:.0f} MB;"
+          f" the LM-head part is {lm['chunked_head_part_over_one_chunk']:.2f} x one chunk's logits")
+    if "chunked_tensor_peak_mb" in lm:
+        print(f"   live tensors only (profiler): chunked peak extra {lm['chunked_tensor_peak_mb']:.0f} MB, hidden-state part "
+              f"{lm['hidden_states_tensor_peak_mb']:.0f} MB, LM-head part "
+              f"{lm['chunked_head_tensor_over_one_chunk']:.2f} x one chunk's logits")
+
+
+def report_step(args, res):
+    """Part 3: one training step per method, per stage."""
+    res["step"] = bench_step(args)
+    st = res["step"]
+    cols = ["generate", "reward", "masks", "reference", "forward", "backward", "optimizer", "total"]
+    print(f"\n3. one step, embedded model, 1 prompt x G={args.G} x {args.new_tokens} tokens "
+          f"(median of {args.steps} after a warm-up, seconds)")
+    print("   " + f"{'':12s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}")
+    for name, med in st.items():
+        print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.4f}" for c in cols)
+              + f"{med['completion_tokens_per_s']:9.1f}")
+    res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
+                     "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],
+                     "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"]}
+    print("   " + "   ".join(f"{k} {v:.3f}" for k, v in res["ratios"].items()))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step")
@@ -285,74 +356,15 @@ def main():
     if args.probe:                                                            # child process
         print(json.dumps(PROBES[args.probe](json.loads(args.probe_cfg), args.device)))
         return
-    parts = args.parts.split(",")
     res = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
-    if "conflict" in parts:
-        res["conflict"] = []
-        print("\n1. conflict mask                    ours: time    peak  | vocab-indexed: time    peak  | speed-up  memory")
-        for G, L, V in [(12, 1500, 128256), (8, 256, 49152)]:
-            ours = in_child("conflict", dict(G=G, L=L, V=V, impl="ours", repeats=20), args.device)
-            ref = in_child("conflict", dict(G=G, L=L, V=V, impl="vocab", repeats=3), args.device)
-            row = {"G": G, "L": L, "V": V, "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_bytes"] / MB,
-                   "vocab_s": ref["seconds"], "vocab_peak_mb": ref["peak_bytes"] / MB,
-                   "speedup": ref["seconds"] / ours["seconds"],
-                   "memory_ratio_at_least": ref["peak_bytes"] / max(ours["peak_bytes"], 0.1 * MB)}
-            if L <= 256:                        # small enough to compare the two outputs in this process
-                ids, mask, adv = _conflict_inputs(G, L, V)
-                ours_w = gtpo.conflict_weights(ids, mask, adv, combine="product")[0]
-                row["same_weights_as_product_combine"] = torch.equal(ours_w, vocab_indexed_conflict(ids, mask, adv, V)[0])
-            res["conflict"].append(row)
-            print(f"   G={G:2d} L={L:4d} V={V:6d}        {row['ours_s'] * 1e3:8.1f} ms {row['ours_peak_mb']:6.1f} MB"
-                  f" | {row['vocab_s'] * 1e3:9.1f} ms {row['vocab_peak_mb']:7.1f} MB"
-                  f" | {row['speedup']:7.0f}x {'>=' if row['ours_peak_mb'] < 0.1 else '  '}{row['memory_ratio_at_least']:.0f}x")
-
-    if "loss" in parts:
-        cfg = dict(N=12, L=1024, V=49152, D=576)
-        chunk_mb = args.logprob_chunk * cfg["V"] * 4 / MB
-        full = in_child("loss", {**cfg, "logprob_chunk": 0}, args.device)
-        chunked = in_child("loss", {**cfg, "logprob_chunk": args.logprob_chunk, "tensor_peak": True}, args.device)
-        hidden_only = in_child("loss", {**cfg, "logprob_chunk": -1, "tensor_peak": True}, args.device)
-        res["loss_memory"] = {**cfg, "chunk": args.logprob_chunk, "one_chunk_logits_mb": chunk_mb,
-                              "full_logits_mb": cfg["N"] * cfg["L"] * cfg["V"] * 4 / MB,
-                              "full_peak_mb": full["peak_bytes"] / MB, "full_s": full["seconds"],
-                              "chunked_peak_mb": chunked["peak_bytes"] / MB, "chunked_s": chunked["seconds"],
-                              "chunked_peak_over_one_chunk": chunked["peak_bytes"] / MB / chunk_mb,
-                              "hidden_states_part_mb": hidden_only["peak_bytes"] / MB,
-                              **({"chunked_tensor_peak_mb": chunked["tensor_peak_bytes"] / MB,
-                                  "hidden_states_tensor_peak_mb": hidden_only["tensor_peak_bytes"] / MB,
-                                  "chunked_head_tensor_over_one_chunk":
-                                      (chunked["tensor_peak_bytes"] - hidden_only["tensor_peak_bytes"]) / MB / chunk_mb}
-                                 if "tensor_peak_bytes" in chunked else {}),
-                              "chunked_head_part_over_one_chunk":
-                                  (chunked["peak_bytes"] - hidden_only["peak_bytes"]) / MB / chunk_mb}
-        lm = res["loss_memory"]
-        print(f"\n2. loss + backward, N=12 L=1024 V=49152 (one fp32 (N,L,V) logits = {lm['full_logits_mb']:.0f} MB)")
-        print(f"   full logits   peak extra {lm['full_peak_mb']:8.0f} MB   {lm['full_s']:6.2f} s")
-        print(f"   chunk {args.logprob_chunk:4d}    peak extra {lm['chunked_peak_mb']:8.0f} MB   {lm['chunked_s']:6.2f} s"
-              f"   = {lm['chunked_peak_over_one_chunk']:.2f} x one chunk's logits ({chunk_mb:.0f} MB)")
-        print(f"   of which the (N, L, D) hidden-state gather and gradients alone take {lm['hidden_states_part_mb']:.0f} MB;"
-              f" the LM-head part is {lm['chunked_head_part_over_one_chunk']:.2f} x one chunk's logits")
-        if "chunked_tensor_peak_mb" in lm:
-            print(f"   live tensors only (profiler): chunked peak extra {lm['chunked_tensor_peak_mb']:.0f} MB, hidden-state part "
-                  f"{lm['hidden_states_tensor_peak_mb']:.0f} MB, LM-head part "
-                  f"{lm['chunked_head_tensor_over_one_chunk']:.2f} x one chunk's logits")
-
-    if "step" in parts:
-        res["step"] = bench_step(args)
-        st = res["step"]
-        cols = ["generate", "reward", "masks", "reference", "forward", "backward", "optimizer", "total"]
-        print(f"\n3. one step, embedded model, 1 prompt x G={args.G} x {args.new_tokens} tokens "
-              f"(median of {args.steps} after a warm-up, seconds)")
-        print("   " + f"{'':12s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}")
-        for name, med in st.items():
-            print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.4f}" for c in cols)
-                  + f"{med['completion_tokens_per_s']:9.1f}")
-        res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
-                         "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],
-                         "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"]}
-        print("   " + "   ".join(f"{k} {v:.3f}" for k, v in res["ratios"].items()))
+    reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step}
+    unknown = set(args.parts.split(",")) - set(reports)
+    if unknown:
+        p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")
+    for part in args.parts.split(","):
+        reports[part](args, res)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
     print(f"\nwrote {args.out}")

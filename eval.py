@@ -351,22 +351,27 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def plot_main(args):
+    """--plot / --curves: figures from files already written, no model."""
+    out = args.output_dir or "runs"
+    os.makedirs(out, exist_ok=True)
+    for f in (args.plot or []) + (args.curves or []):
+        if not os.path.isfile(f):
+            raise DataError(f"{f!r} does not exist")
+    if args.plot:
+        plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), read_json(f))
+                    for f in args.plot], os.path.join(out, "passk.png"))
+        print(f"wrote {os.path.join(out, 'passk.png')}")
+    if args.curves:
+        plot_curves(args.curves, os.path.join(out, "curves.png"), args.smooth)
+        print(f"wrote {os.path.join(out, 'curves.png')}")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.plot or args.curves:
-        out = args.output_dir or "runs"
-        os.makedirs(out, exist_ok=True)
-        for f in (args.plot or []) + (args.curves or []):
-            if not os.path.isfile(f):
-                raise DataError(f"{f!r} does not exist")
-        if args.plot:
-            plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), read_json(f))
-                        for f in args.plot], os.path.join(out, "passk.png"))
-            print(f"wrote {os.path.join(out, 'passk.png')}")
-        if args.curves:
-            plot_curves(args.curves, os.path.join(out, "curves.png"), args.smooth)
-            print(f"wrote {os.path.join(out, 'curves.png')}")
-        return 0
+        return plot_main(args)
 
     if args.rescore:
         if not os.path.isfile(args.rescore):

@@ -135,6 +135,17 @@ def step_config(args, entropy_filter):
 # -----------------------------------------------------------------------------
 # 2. setup
 
+def setup_model(args, dist, log):
+    """Model (LoRA, 4-bit where asked) and tokenizer; records the LoRA rank actually used."""
+    model, tok, info = load_model(args.model, lora_rank=args.lora_rank, load_in_4bit=args.load_in_4bit,
+                                  device=dist.device, gradient_checkpointing=args.gradient_checkpointing, log=log)
+    args.lora_rank = info["lora_rank"]
+    log(f"model {args.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
+        f"LoRA rank {args.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {dist.device}"
+        + (f", {dist.world} ranks" if dist.world > 1 else ""))
+    return model, tok
+
+
 def load_records(args, tok, log):
     """Training records after --max_prompt_length, and the one-shot example (or None)."""
     records = load_task(args.dataset, "train", args.data_dir)
@@ -209,12 +220,7 @@ def train(args, dist, stop):
     dist.barrier()
     random.seed(args.seed + dist.rank)
     torch.manual_seed(args.seed)                        # same LoRA init on every rank (DDP also broadcasts it)
-    model, tok, info = load_model(args.model, lora_rank=args.lora_rank, load_in_4bit=args.load_in_4bit,
-                                  device=dist.device, gradient_checkpointing=args.gradient_checkpointing, log=log)
-    args.lora_rank = info["lora_rank"]
-    log(f"model {args.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
-        f"LoRA rank {args.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {dist.device}"
-        + (f", {dist.world} ranks" if dist.world > 1 else ""))
+    model, tok = setup_model(args, dist, log)
     records, example = load_records(args, tok, log)
     steps_per_epoch = math.ceil(len(records) / (args.batch_size * dist.world))   # B prompts x W ranks a step
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
@@ -281,8 +287,6 @@ def train(args, dist, stop):
     finally:
         metrics.close()
     finish(args, model, tok, params, dist, log)
-    log(f"done: {total_steps} steps; adapter/model in {os.path.join(args.output_dir, 'final')}, "
-        f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}")
     return 0
 
 
@@ -327,6 +331,8 @@ def finish(args, model, tok, params, dist, log):
         shutil.rmtree(final, ignore_errors=True)
         model.save_pretrained(final)
         tok.save_pretrained(final)
+    log(f"done: adapter/model in {os.path.join(args.output_dir, 'final')}, "
+        f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}")
 
 
 if __name__ == "__main__":
