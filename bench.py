@@ -15,8 +15,13 @@
               min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
               demo's flags (entropy gate on) -- timed per stage through its clock: generation, reward,
               conflict masks, reference pass, log-prob forward, backward, then clip + optimizer as
-              in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04 -- and the floor: one generate,
-              one forward+backward of a plain policy-gradient loss, one optimizer step.
+              in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04; GTPO also "unshared" (G copies
+              of the prompt, --no-share_prompt) and "plain" (also --no-merge_lora: the step before
+              prompt sharing); and the floor: one generate, one forward+backward of a plain
+              policy-gradient loss, one optimizer step. Decode tokens/s is set beside a bound:
+              G x measured streaming-read bandwidth / bytes of weights (each token reads them all).
+4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
+              forced tokens, default against plain; one round after a warm-up.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
@@ -223,48 +228,74 @@ def spread_score(texts, answers, task):
     return total, fmt, cor
 
 
-def bench_step(args):
+def memory_bandwidth(device, gb=1.0, repeats=5):
+    """Bytes per second of a streaming read (a sum over `gb` GB of fp32): the ceiling for decoding,
+    which reads every weight once per generated token."""
+    x = torch.ones(int(gb * 2 ** 30 / 4), device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def bench_prompt(tok, prompt_tokens):
+    """The demo's one-shot prompt; with prompt_tokens, its question lengthened to about that many
+    tokens (cost depends on shapes, not on words)."""
+    from data import arithmetic_task, format_prompt, one_shot_example
+    recs = arithmetic_task("train")
+    q = recs[1]["question"]
+    make = lambda q: format_prompt(tok, q, one_shot_example(recs[0]))          # noqa: E731
+    while prompt_tokens and len(tok(make(q), add_special_tokens=False)["input_ids"]) < prompt_tokens:
+        q = "Recall that a number plus zero is the same number. " + q
+    return make(q), recs[1]["answer"]
+
+
+def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
+    """Medians over `rounds` (after one warm-up round) of step.rl_step's stages, methods alternating."""
     import step as steps
     import train
-    from data import arithmetic_task, format_prompt, one_shot_example
-    torch.manual_seed(0)
-    recs = arithmetic_task("train")
-    runs = [("gtpo", ["--use_gtpo"]), ("grpo b=0", ["--use_grpo"]), ("grpo b=0.04", ["--use_grpo", "--beta", "0.04"]),
-            ("floor", ["--use_grpo"])]
-    flags = ["--generation_size", str(args.G), "--max_completion_length", str(args.new_tokens),
-             "--logprob_chunk", str(args.logprob_chunk), "--device", args.device]
+    flags = {"gtpo": ["--use_gtpo"], "gtpo unshared": ["--use_gtpo", "--no-share_prompt"],
+             "gtpo plain": ["--use_gtpo", "--no-share_prompt", "--no-merge_lora"],
+             "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
-    for name, method in runs:           # the demo's flags; the entropy gate on, so its cost is in
-        a = train.parse_args(flags + method)
-        cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=args.new_tokens)
+    for name in names:                  # the demo's flags; the entropy gate on, so its cost is in
+        a = train.parse_args(["--generation_size", str(G), "--max_completion_length", str(new_tokens),
+                              "--logprob_chunk", str(args.logprob_chunk), "--device", args.device] + flags[name])
+        cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=new_tokens)
+    torch.manual_seed(0)
     model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)
     params = [p for p in model.parameters() if p.requires_grad]
     opt, _ = train.make_optimizer(a, params, 1000)
-    prompt = format_prompt(tok, recs[1]["question"], one_shot_example(recs[0]))
-    times = {name: [] for name, _ in runs}
-    for r in range(args.steps + 1):                                          # round 0 is the warm-up
-        for name, _ in runs:
+    prompt, answer = bench_prompt(tok, prompt_tokens)
+    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    times = {name: [] for name in names}
+    for r in range(rounds + 1):                                              # round 0 is the warm-up
+        for name in names:
             clock = steps.Clock(args.device)
             if name == "floor":
-                floor_step(model, tok, prompt, args.new_tokens, args.G, args.device, clock)
+                floor_step(model, tok, prompt, new_tokens, G, args.device, clock)
             else:
-                steps.rl_step(model, model, tok, [prompt], [recs[1]["answer"]], cfgs[name], clock=clock,
-                              reward_fn=spread_score)
+                steps.rl_step(model, model, tok, [prompt], [answer], cfgs[name], clock=clock, reward_fn=spread_score)
             torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)          # as train.py's loop
             opt.step()
             opt.zero_grad(set_to_none=True)
             clock("optimizer")
             if r > 0:
                 times[name].append(clock.parts)
-            print(f"  round {r} {name:12s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
+            print(f"  round {r} {name:14s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {}
     for name, rows in times.items():
         keys = sorted({k for p in rows for k in p})
         med = {k: statistics.median(p.get(k, 0.0) for p in rows) for k in keys}
         med["total"] = statistics.median(sum(p.values()) for p in rows)
-        med["completion_tokens_per_s"] = args.G * args.new_tokens / med["generate"]
+        med["completion_tokens_per_s"] = G * new_tokens / med["generate"]
+        shared = name != "floor" and cfgs[name].share_prompt
+        med["policy_tokens"] = (P if shared else G * P) + G * new_tokens      # through the policy pass
         out[name] = med
-    return out
+    return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes}
 
 
 # -----------------------------------------------------------------------------
@@ -324,26 +355,51 @@ def report_loss(args, res):
               f"{lm['chunked_head_tensor_over_one_chunk']:.2f} x one chunk's logits")
 
 
-def report_step(args, res):
-    """Part 3: one training step per method, per stage."""
-    res["step"] = bench_step(args)
-    st = res["step"]
+def print_step_table(title, st):
     cols = ["generate", "reward", "masks", "reference", "forward", "backward", "optimizer", "total"]
-    print(f"\n3. one step, embedded model, 1 prompt x G={args.G} x {args.new_tokens} tokens "
-          f"(median of {args.steps} after a warm-up, seconds)")
-    print("   " + f"{'':12s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}")
+    print(title)
+    print("   " + f"{'':14s}" + "".join(f"{c:>10s}" for c in cols) + f"{'tok/s':>9s}{'policy tok':>11s}")
     for name, med in st.items():
-        print("   " + f"{name:12s}" + "".join(f"{med.get(c, 0.0):10.4f}" for c in cols)
-              + f"{med['completion_tokens_per_s']:9.1f}")
+        print("   " + f"{name:14s}" + "".join(f"{med.get(c, 0.0):10.4f}" for c in cols)
+              + f"{med['completion_tokens_per_s']:9.1f}{med['policy_tokens']:11d}")
+
+
+def report_step(args, res):
+    """Part 3: one training step per method, per stage; decoding against the memory bound."""
+    names = ["gtpo", "gtpo unshared", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
+    st, shape = bench_step(args, args.G, args.new_tokens, args.steps, names)
+    res["step"] = st
+    bw = memory_bandwidth(args.device)
+    bound = args.G * bw / shape["weight_bytes"]           # each decode step reads every weight once
+    res["decode"] = {"memory_bandwidth_gb_s": bw / 1e9, "weight_mb": shape["weight_bytes"] / MB,
+                     "bound_tokens_per_s": bound, "gtpo_tokens_per_s": st["gtpo"]["completion_tokens_per_s"],
+                     "fraction_of_bound": st["gtpo"]["completion_tokens_per_s"] / bound, **shape}
+    print_step_table(f"\n3. one step, embedded model, 1 prompt ({shape['prompt_tokens']} tokens) x G={args.G} x "
+                     f"{args.new_tokens} tokens (median of {args.steps} after a warm-up, seconds)", st)
+    print(f"   decoding: {st['gtpo']['completion_tokens_per_s']:.1f} tokens/s; bound {bound:.0f} tokens/s = "
+          f"G x {bw / 1e9:.1f} GB/s measured read bandwidth / {shape['weight_bytes'] / MB:.0f} MB of weights "
+          f"({res['decode']['fraction_of_bound']:.0%} of it)")
     res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
                      "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],
-                     "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"]}
+                     "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"],
+                     "gtpo_shared_over_unshared": st["gtpo"]["total"] / st["gtpo unshared"]["total"],
+                     "gtpo_over_plain": st["gtpo"]["total"] / st["gtpo plain"]["total"]}
     print("   " + "   ".join(f"{k} {v:.3f}" for k, v in res["ratios"].items()))
+
+
+def report_paper_step(args, res):
+    """Part 4: a paper-shaped step (G=12, prompt ~250 tokens, 512 forced tokens): the default step
+    against the plain one (no prompt sharing, no merged LoRA)."""
+    st, shape = bench_step(args, 12, 512, 1, ["gtpo", "gtpo plain"], prompt_tokens=250)
+    res["paper_step"] = {**st, "shape": shape, "gtpo_over_plain": st["gtpo"]["total"] / st["gtpo plain"]["total"]}
+    print_step_table(f"\n4. paper-shaped step, embedded model, 1 prompt ({shape['prompt_tokens']} tokens) x G=12 x 512 "
+                     f"tokens (1 round after a warm-up, seconds)", st)
+    print(f"   gtpo / gtpo plain {res['paper_step']['gtpo_over_plain']:.3f}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper (paper: ~10 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
@@ -359,7 +415,7 @@ def main():
     res = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
-    reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step}
+    reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step}
     unknown = set(args.parts.split(",")) - set(reports)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")

@@ -1,9 +1,13 @@
 """Sampling G completions per prompt (Sec. 3) and scoring them under the policy.
 
-rollout(...)         one `generate` call for all prompts x G, no grad
+rollout(...)         one `generate` call for all prompts x G, no grad; each prompt pre-filled once
+                     and its KV cache shared by its G rows
+PolicyPass           the forward that predicts every completion token; with `prompt_index` each
+                     prompt is computed once and its G completions attend to it (gradient included)
 sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
                      over positions so the (N, L, V) logits never exist (ChunkedLogprobs)
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -38,31 +42,73 @@ def completion_mask(ids, eos):
     return (~seen_before).long(), ~is_eos.any(dim=1)
 
 
+def positions(mask):
+    """Position ids from an attention mask, as `generate` makes them: 0 at the first real token
+    of a left-padded row, 0 at padding."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+@contextlib.contextmanager
+def merged_lora(model):
+    """Sample with each LoRA layer's W + scale * B A precomputed (one matmul per layer instead of
+    three) and the adapters off. The merged weights are new tensors swapped in for the duration;
+    the original base tensors are put back untouched, so no merge/unmerge arithmetic ever drifts
+    them (the bit-exact resume test relies on it). Layers whose base is not a float nn.Linear
+    (4-bit) and models without adapters are left as they are."""
+    from peft.tuners.lora import LoraLayer
+    swaps = []
+    for mod in model.modules():
+        base = mod.get_base_layer() if isinstance(mod, LoraLayer) else None
+        if base is None or type(base) is not torch.nn.Linear or mod.merged:
+            continue
+        delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters if a in mod.lora_A)
+        if isinstance(delta, torch.Tensor):
+            swaps.append((base.weight, base.weight.data))
+            base.weight.data = base.weight.data + delta.to(base.weight.dtype)
+    try:
+        with model.disable_adapter() if swaps else contextlib.nullcontext():
+            yield
+    finally:
+        for w, original in swaps:
+            w.data = original
+
+
 @torch.no_grad()
 def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
-            min_new_tokens=0):
-    """G samples per prompt text with a single `generate` call (KV cache on).
+            min_new_tokens=0, share_prompt=True, merge_lora=True):
+    """G samples per prompt text with a single `generate` call (KV cache on, LoRA merged: merged_lora).
 
     prompts: list of B prompt strings (already chat-formatted) -> Rollout with N = B * G rows,
-    the G completions of prompt b in rows b*G ... b*G+G-1.
+    the G completions of prompt b in rows b*G ... b*G+G-1. share_prompt: pre-fill the B prompts
+    once (B rows, not B x G) and expand their KV cache to the B x G rows that decode; sampling is
+    unchanged (the last prompt token is fed to `generate`, whose first logits it gives).
+    merge_lora: sample with the LoRA weights merged into copies of the base weights (merged_lora).
     """
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    ids, attn = enc["input_ids"], enc["attention_mask"]                            # (B, P)
     eos = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
-    out = model.generate(
-        **enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, num_return_sequences=group_size,
-        eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+    with merged_lora(model) if merge_lora else contextlib.nullcontext():
+        cache = {}
+        if share_prompt and group_size > 1 and ids.shape[1] > 1:
+            pre = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
+                        use_cache=True, logits_to_keep=1)
+            pre.past_key_values.batch_repeat_interleave(group_size)                 # (B, ...) -> (B*G, ...)
+            cache = {"past_key_values": pre.past_key_values}
+        out = model.generate(
+            input_ids=ids.repeat_interleave(group_size, 0), attention_mask=attn.repeat_interleave(group_size, 0),
+            do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+            **cache)
     model.train(was_training)
-    P = enc["input_ids"].shape[1]
+    P = ids.shape[1]
     comp = out[:, P:]                                                 # (N, L)
     mask, truncated = completion_mask(comp, eos)
     comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(comp, skip_special_tokens=True)
-    return Rollout(prompt_ids=enc["input_ids"].repeat_interleave(group_size, 0),
-                   prompt_mask=enc["attention_mask"].repeat_interleave(group_size, 0),
+    return Rollout(prompt_ids=ids.repeat_interleave(group_size, 0), prompt_mask=attn.repeat_interleave(group_size, 0),
                    completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
 
 
@@ -141,32 +187,83 @@ def lm_head_of(model):
     return head if isinstance(head, torch.nn.Linear) else None
 
 
+def expand_rows(x, counts):
+    """Row b of x repeated counts[b] times, as expand + cat: its backward sums each prompt's
+    gradient over its completions in a fixed order (an index gather's scatter-add backward
+    does not give bit-identical sums from one process to the next)."""
+    return torch.cat([x[b:b + 1].expand(c, *x.shape[1:]) for b, c in enumerate(counts)])
+
+
+class PolicyPass(torch.nn.Module):
+    """The policy's pass over B prompts and n completions as ONE module call, so that DDP sees one
+    forward per backward even when the prompts are computed apart from their completions.
+
+    forward(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False)
+      prompt_index None: prompt_ids/mask are (n, P), one row per completion; one joint forward.
+      prompt_index (n,) long: prompt_ids/mask are (B, P), completion j continues prompt
+        prompt_index[j] (sorted: each prompt's completions consecutive, as a rollout lays them
+        out). Each prompt is run once with its KV cache kept (with grad); the cache is expanded to
+        the n rows (expand_rows) and the completions attend to it, so the gradient reaches the
+        prompt's computation summed over its completions, as through n copies.
+      -> (n, L, D) final hidden states, or (n, L, V) logits, at the positions that predict o_t.
+    Positions come from the attention masks, as in `generate`.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False):
+        L = completion_ids.shape[1]
+        out_kw = {"logits_to_keep": L + 1} if logits else {"logits_to_keep": 1, "output_hidden_states": True}
+        pick = (lambda o: o.logits) if logits else (lambda o: o.hidden_states[-1])
+        if prompt_index is None:
+            ids = torch.cat([prompt_ids, completion_ids], dim=1)                    # (n, P + L)
+            attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False,
+                             **out_kw)
+            return pick(out)[:, -L - 1:-1]                                           # position t predicts o_t
+        counts = torch.unique_consecutive(prompt_index, return_counts=True)[1].tolist()
+        if len(counts) != prompt_ids.shape[0]:
+            raise ValueError("prompt_index must list each prompt's completions consecutively, every prompt used")
+        p_pos = positions(prompt_mask)                                               # (B, P)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=p_pos, use_cache=True,
+                         **{**out_kw, "logits_to_keep": 1})
+        first = expand_rows(pick(out)[:, -1:], counts)                               # (n, 1, .) predicts o_0
+        if L == 1:
+            return first
+        cache = out.past_key_values
+        for layer in cache.layers:                                                   # (B, ...) -> (n, ...)
+            layer.keys, layer.values = expand_rows(layer.keys, counts), expand_rows(layer.values, counts)
+        attn = torch.cat([prompt_mask[prompt_index], completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
+        c_pos = p_pos[prompt_index, -1:] + 1 + torch.arange(L - 1, device=p_pos.device)   # (n, L - 1)
+        out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
+                         past_key_values=cache, use_cache=True, **{**out_kw, "logits_to_keep": L - 1})
+        return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
+
+
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, logprob_chunk=256):
+                      with_entropy=True, logprob_chunk=256, prompt_index=None):
     """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}.
 
-    One forward over prompt + completion. With logprob_chunk > 0 the model returns only its final
-    hidden states (`logits_to_keep=1`), and the LM head runs over the real completion tokens in
-    chunks (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the
-    full (N, L, V) logits (the reference path the tests compare against).
+    model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index: see PolicyPass
+    (None: one row of prompt_ids per completion). With logprob_chunk > 0 the model returns only its
+    final hidden states, and the LM head runs over the real completion tokens in chunks
+    (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the full
+    (N, L, V) logits (the reference path the tests compare against).
     Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
     (N, L) float32 without grad, or None.
     """
-    L = completion_ids.shape[1]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    head = lm_head_of(model) if logprob_chunk > 0 else None
+    runner = model if isinstance(getattr(model, "module", model), PolicyPass) else PolicyPass(model)
+    head = lm_head_of(getattr(runner, "module", runner).model) if logprob_chunk > 0 else None
     if head is not None:
-        out = model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False,
-                    output_hidden_states=True)
-        hidden = out.hidden_states[-1][:, -L - 1:-1]                      # (N, L, D): position t predicts o_t
+        hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index)  # (N, L, D)
         keep = completion_mask.bool()                                     # (N, L)
         logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
                                           logprob_chunk, with_entropy)
         zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
         return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
-    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=L + 1, use_cache=False).logits
-    logits = logits[:, :-1]                                           # (N, L, V): position t predicts o_t
+    logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True)  # (N, L, V)
     logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
     entropy = None
     if with_entropy:

@@ -32,6 +32,8 @@ class StepConfig:
     temperature: float = 1.0
     micro_batch_size: int = 0       # completions per forward/backward; 0 = all at once
     logprob_chunk: int = 256        # completion tokens per LM-head chunk; 0 = full (N, L, V) logits
+    share_prompt: bool = True       # each prompt computed once per group, in the rollout and the policy pass
+    merge_lora: bool = True         # sample with LoRA merged into copies of the weights (rollout.merged_lora)
     scale_rewards: bool = True      # Eq. 8's std division
     # GTPO
     conflict_weight: float = 2.0    # lambda on positive completions' conflict tokens (Eq. 5)
@@ -72,24 +74,41 @@ def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None
 
     logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i; weights (n, L) and
     n_conflict (n,) from conflict_weights (GTPO); ref (n, L) reference log-probs (GRPO, beta > 0).
+    GRPO takes the same entropy gate only when its filter is on (App. 14, Fig. 10c: GRPO +
+    filtering + gamma); by default it is the plain baseline.
     Returns (loss, metrics, shaped advantage or None).
     """
     if cfg.method == "gtpo":
         a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.entropy_filter)   # Eq. 6-7
         loss, m = gtpo.gtpo_loss(logp, mask, a, weights, n_conflict if cfg.conflict_norm else None)
         return loss, m, a
+    a = None
+    if cfg.entropy_filter != "off":                                                  # App. 14
+        a = adv = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.entropy_filter)
     loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=cfg.beta, clip_eps=cfg.clip_eps)
-    return loss, m, None
+    return loss, m, a
 
 
-def reference_logprobs(model, ref_model, ro, rows, cfg):
+def prompt_rows(ro, s, n, G, share):
+    """Prompt inputs for completions s ... s+n-1: (prompt_ids, prompt_mask, prompt_index).
+    Shared: one row per prompt and the index of each completion's prompt (PolicyPass); else one
+    row per completion and None."""
+    if not share:
+        return ro.prompt_ids[s:s + n], ro.prompt_mask[s:s + n], None
+    owner = torch.arange(s, s + n, device=ro.prompt_ids.device) // G                 # (n,) prompt of each row
+    first, last = s // G, (s + n - 1) // G
+    rows = slice(first * G, (last + 1) * G, G)                                       # groups are consecutive
+    return ro.prompt_ids[rows], ro.prompt_mask[rows], owner - first
+
+
+def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
     """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same model with its LoRA
     adapters switched off (no second copy in memory)."""
     ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
     with torch.no_grad(), ctx:
-        ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, ro.prompt_ids[rows],
-                                   ro.prompt_mask[rows], ro.completion_ids[rows], ro.completion_mask[rows],
-                                   with_entropy=False, logprob_chunk=cfg.logprob_chunk)
+        ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, prompt[0], prompt[1],
+                                   ro.completion_ids[rows], ro.completion_mask[rows], with_entropy=False,
+                                   logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
     return ref
 
 
@@ -99,14 +118,15 @@ def reference_logprobs(model, ref_model, ro, rows, cfg):
 def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, reward_fn=None):
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
-    model: the policy (generates; reference with adapters off); policy: the same model, wrapped
-    in DDP under torchrun (gradient pass). prompts: B chat-formatted strings; answers: B references.
+    model: the policy (generates; reference with adapters off); policy: the same model for the
+    gradient pass, a DDP-wrapped rollout.PolicyPass under torchrun. prompts: B chat-formatted
+    strings; answers: B references.
     Returns (metrics, rollout, rewards (B*G,)).
     """
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, one generate call
     ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
-                 min_new_tokens=cfg.min_new_tokens)
+                 min_new_tokens=cfg.min_new_tokens, share_prompt=cfg.share_prompt, merge_lora=cfg.merge_lora)
     mask = ro.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
@@ -125,14 +145,15 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     ent_i, gated, kls, loss_sum = [], [], [], 0.0
     for s in range(0, N, mb):
         rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
+        prompt = prompt_rows(ro, s, n_mb, G, cfg.share_prompt)
         last = s + mb >= N
         with contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync():
             ref = None
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
-                ref = reference_logprobs(model, ref_model, ro, rows, cfg)
+                ref = reference_logprobs(model, ref_model, prompt, ro, rows, cfg)
                 clock("reference")
-            logp, ent = sequence_logprobs(policy, ro.prompt_ids[rows], ro.prompt_mask[rows],
-                                          ro.completion_ids[rows], mask[rows], logprob_chunk=cfg.logprob_chunk)
+            logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
+                                          logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
             h = gtpo.masked_mean(ent, mask[rows], dim=1)                              # (n,) <H>_i
             loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
                                       None if weights is None else weights[rows],
@@ -143,17 +164,17 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
             clock("backward")
         ent_i.append(h)
         gated += [] if a is None else [a]
-        kls += [lm["kl"] * n_mb] if "kl" in lm else []
+        kls += [lm["kl"] * mask[rows].sum()] if "kl" in lm else []                  # token-weighted
         loss_sum += part_loss.item()
     m = rl_metrics(cfg, ro, total, fmt, cor, torch.cat(ent_i), loss_sum)
-    if cfg.method == "gtpo":
+    if gated:
         g = torch.cat(gated)
-        m.update({"gtpo/filtered_frac": ((g == 0) & (adv != 0)).float().mean().item()
-                  if cfg.entropy_filter != "off" else 0.0,
-                  "gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
+        m["gtpo/filtered_frac"] = ((g == 0) & (adv != 0)).float().mean().item() if cfg.entropy_filter != "off" else 0.0
+    if cfg.method == "gtpo":
+        m.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
                   "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
     if kls:
-        m["kl"] = (sum(kls) / N).item()
+        m["kl"] = (sum(kls) / mask.sum().clamp(min=1)).item()                        # token mean, as grpo_loss
     return m, ro, total
 
 

@@ -22,6 +22,7 @@ import torch
 import step as steps
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
 from models import ALIASES, ModelError, load_model
+from rollout import PolicyPass
 from runs import (ConfigError, Dist, MetricsLog, StopFlag, prepare_output_dir, resume, rng_state,
                   save_checkpoint, weights_fingerprint, write_json)
 
@@ -60,6 +61,11 @@ def build_parser():
     a("--micro_batch_size", type=int, default=0, help="completions per forward/backward (0 = all at once)")
     a("--logprob_chunk", type=int, default=256,
       help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
+    a("--share_prompt", action=argparse.BooleanOptionalAction, default=True,
+      help="compute each prompt once per group, in the rollout and the policy pass (off with "
+           "--gradient_checkpointing)")
+    a("--merge_lora", action=argparse.BooleanOptionalAction, default=True,
+      help="sample with LoRA merged into copies of the base weights (the base stays bit-identical)")
     a("--epochs", type=int, default=1, help="passes over the training prompts (Listing 1: 1)")
     a("--max_steps", type=int, default=None, help="stop after this many optimizer steps (-1 = epochs decide)")
     a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)")
@@ -92,7 +98,8 @@ def build_parser():
     a("--ent_threshold", type=float, default=math.log(2), help="entropy filter threshold on <H>_i (Eq. 6: ln 2)")
     a("--ent_gamma", type=float, default=0.1, help="gamma of the entropy penalty (Eq. 7)")
     a("--entropy_filter", choices=["auto", "all", "neg", "off"], default="auto",
-      help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off")
+      help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off. GRPO: auto = off; "
+           "all/neg add the filter and -gamma <H>_i to GRPO (App. 14)")
     a("--ent_ini_prompts", type=int, default=None, help="training prompts used to measure <H>_ini (paper: 100)")
     a("--scale_rewards", action=argparse.BooleanOptionalAction, default=True,
       help="divide advantages by the group std (Eq. 8); --no-scale_rewards = released code")
@@ -120,6 +127,8 @@ def parse_args(argv=None):
                           f"a group and need G >= 2 (the paper uses 8 or 12); for one sample per prompt use --use_sft")
     if args.batch_size < 1:
         raise ConfigError("--batch_size must be >= 1 (prompts per optimizer step)")
+    if args.gradient_checkpointing and args.share_prompt:
+        args.share_prompt = False                       # checkpointed layers cannot keep a KV cache
     if args.output_dir is None:
         args.output_dir = os.path.join("runs", f"{args.method}-{os.path.basename(args.model)}-{task_name(args.dataset)}")
     return args
@@ -177,6 +186,8 @@ def make_optimizer(args, params, total_steps):
 def entropy_filter_mode(args, state, model, tok, records, example, dist, log):
     """Eq. 6: with --entropy_filter auto, filter only if <H>_ini < ln 2 (measured once on the
     first --ent_ini_prompts training prompts, kept in the checkpoint)."""
+    if args.method == "grpo" and args.entropy_filter == "auto":
+        return "off"                                    # the baseline; all / neg add the gate (App. 14)
     if args.method != "gtpo" or args.entropy_filter != "auto":
         return args.entropy_filter
     prompts = [format_prompt(tok, r["question"], example) for r in records[:args.ent_ini_prompts]]
@@ -240,7 +251,7 @@ def train(args, dist, stop):
     if cfg.method == "grpo" and cfg.beta > 0 and args.lora_rank == 0:   # no adapters to switch off
         import copy
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    policy = dist.wrap(model)                           # DDP for the gradient pass; `model` generates
+    policy = dist.wrap(PolicyPass(model)) if dist.world > 1 else model   # DDP: one forward per backward
     wandb = __import__("wandb") if args.report_to == "wandb" and dist.main else None
     if wandb:
         wandb.init(project="gtpo", config=vars(args), resume="allow")

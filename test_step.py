@@ -1,0 +1,163 @@
+"""Tests for step.py and the shared-prompt paths of rollout.py: computing each prompt once per group
+(PolicyPass with prompt_index, the pre-filled rollout, merged LoRA for sampling) gives what G copies
+give -- log-probs, entropy, loss, KL and every gradient -- on a tiny random Llama."""
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import step
+from models import load_tokenizer
+from rollout import Rollout, merged_lora, rollout, sequence_logprobs
+
+
+def _model(path, lora):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+        for n, p in model.named_parameters():           # B = 0 at init would hide gradient errors in A
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _group(V, B, G, P, L, seed=0):
+    """B left-padded prompts of different lengths (B, P) and G completions each (B*G, L)."""
+    g = torch.Generator().manual_seed(seed)
+    p_ids = torch.randint(0, V, (B, P), generator=g)
+    p_mask = torch.ones(B, P, dtype=torch.long)
+    for b in range(1, B):
+        p_mask[b, :2 * b] = 0                           # prompt b is 2b tokens shorter
+    c_ids = torch.randint(0, V, (B * G, L), generator=g)
+    lengths = torch.randint(1, L + 1, (B * G,), generator=g)
+    lengths[0] = L
+    c_mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    return p_ids, p_mask, c_ids, c_mask
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lora", [True, False])
+@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_shared_prompt_pass_equals_copies(tiny_model_dir, lora, B, chunk):
+    """Log-probs, entropy and gradients (through the prompt's shared KV cache) match G copies."""
+    model = _model(tiny_model_dir, lora)
+    G, P, L = 3, 7, 6
+    p_ids, p_mask, c_ids, c_mask = _group(model.config.vocab_size, B, G, P, L)
+    index = torch.arange(B * G) // G
+    w = torch.randn(B * G, L, generator=torch.Generator().manual_seed(1))
+    out = []
+    for shared in (False, True):
+        model.zero_grad()
+        args = (p_ids, p_mask, None) if shared else (p_ids[index], p_mask[index], None)
+        logp, ent = sequence_logprobs(model, args[0], args[1], c_ids, c_mask, logprob_chunk=chunk,
+                                      prompt_index=index if shared else None)
+        (logp * w * c_mask).sum().backward()
+        out.append((logp.detach(), ent, _grads(model)))
+    m = c_mask.bool()
+    (lp0, e0, g0), (lp1, e1, g1) = out
+    torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=0)
+    torch.testing.assert_close(e1[m], e0[m], atol=1e-5, rtol=1e-5)    # ~10.8 nats: relative
+    assert g0.keys() == g1.keys() and len(g0) > 0
+    assert any("embed_tokens" in n for n in g0) != lora                 # full fine-tuning reaches the prompt's embeddings
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def _fixed_rollout(tok, V, B, G, P, L):
+    p_ids, p_mask, c_ids, c_mask = _group(V, B, G, P, L, seed=3)
+    c_ids = c_ids.masked_fill(c_mask == 0, tok.pad_token_id)
+    return Rollout(prompt_ids=p_ids.repeat_interleave(G, 0), prompt_mask=p_mask.repeat_interleave(G, 0),
+                   completion_ids=c_ids, completion_mask=c_mask, truncated=c_mask.all(1).bool(),
+                   texts=[f"t{i}" for i in range(B * G)])
+
+
+@pytest.mark.parametrize("method,beta", [("gtpo", 0.0), ("grpo", 0.04)])
+def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, monkeypatch, method, beta):
+    """The whole RL step (micro-batches cut across groups, GRPO's reference pass with adapters off)
+    leaves the same gradients and metrics with and without prompt sharing."""
+    model = _model(tiny_model_dir, lora=True)
+    tok = load_tokenizer(tiny_model_dir)
+    B, G = 2, 3
+    ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    reward = lambda texts, answers, task: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    base = step.StepConfig(method=method, task="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
+                           entropy_filter="off", logprob_chunk=4)
+    results = {}
+    for share, mb in [(False, 0), (True, 0), (True, 2), (True, 4), (False, 4)]:
+        model.zero_grad()
+        cfg = dataclasses.replace(base, share_prompt=share, micro_batch_size=mb)
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+        results[(share, mb)] = (m, _grads(model))
+    m0, g0 = results[(False, 0)]
+    assert any(v.abs().sum() > 0 for n, v in g0.items() if "lora_A" in n)
+    for key, (m, g) in results.items():
+        for k in ("loss", "entropy") + (("kl",) if beta else ("gtpo/conflict_frac",)):
+            assert m[k] == pytest.approx(m0[k], abs=1e-5), (key, k)
+        for n in g0:
+            torch.testing.assert_close(g[n], g0[n], atol=1e-6, rtol=1e-4, msg=f"{key} {n}")
+    if beta:
+        assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
+
+
+def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir):
+    """Pre-filling each prompt once and merging LoRA for sampling: the same tokens as a plain
+    `generate` over G copies with the adapters unmerged, at (near) zero temperature."""
+    model = _model(tiny_model_dir, lora=True).eval()
+    tok = load_tokenizer(tiny_model_dir)
+    prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
+    G, new = 3, 10
+    ro = rollout(model, tok, prompts, G, new, temperature=1e-6, share_prompt=True)
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        ref = model.generate(input_ids=enc["input_ids"].repeat_interleave(G, 0),
+                             attention_mask=enc["attention_mask"].repeat_interleave(G, 0), do_sample=False,
+                             max_new_tokens=new, min_new_tokens=new, pad_token_id=tok.pad_token_id)
+    ref = ref[:, enc["input_ids"].shape[1]:]
+    m = ro.completion_mask.bool()
+    assert ro.completion_ids.shape[1] >= 1 and torch.equal(ro.completion_ids[m], ref[:, :m.shape[1]][m])
+    assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
+
+
+def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_model_dir):
+    model = _model(tiny_model_dir, lora=True).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with merged_lora(model):
+            got = model(input_ids=ids).logits
+            swapped = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() if "base_layer" in n)
+        after = model(input_ids=ids).logits
+    assert swapped == 2 * 3                             # q, v, up in both layers: merged weights in use
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(after, want)                     # adapters back on, exactly as before
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_grpo_takes_the_entropy_gate_only_when_asked():
+    """App. 14 / Fig. 10c: GRPO + filtering + gamma. Default GRPO is the plain baseline (Eq. 1)."""
+    import gtpo
+    g = torch.Generator().manual_seed(4)
+    logp = torch.randn(4, 5, generator=g).requires_grad_()
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    h = torch.tensor([1.2, 1.5, 0.9, 1.2])                     # <H>_i: rows 0, 1 and 3 above 1.05
+    base = step.StepConfig(method="grpo", task="arithmetic", generation_size=4, max_completion_length=5)
+    plain, _, a = step.policy_loss(base, logp, mask, adv, h)
+    assert a is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
+    cfg = dataclasses.replace(base, entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1)
+    gated, m, a = step.policy_loss(cfg, logp, mask, adv, h)
+    want = torch.tensor([0.0, 0.0, 0.5 - 0.09, 0.0])           # delta_i (A_i - gamma <H>_i)
+    torch.testing.assert_close(a, want)
+    assert gated.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
+    assert gated.item() != pytest.approx(plain.item())
+    neg, _, a = step.policy_loss(dataclasses.replace(cfg, entropy_filter="neg"), logp, mask, adv, h)
+    torch.testing.assert_close(a, torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0]))   # OnlyNeg keeps row 0 (A > 0)
+    assert neg.item() != pytest.approx(gated.item())
