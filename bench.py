@@ -260,9 +260,10 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
              "gtpo plain": ["--use_gtpo", "--no-share_prompt", "--no-merge_lora"],
              "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
-    for name in names:                  # the demo's flags; the entropy gate on, so its cost is in
+    for name in names:    # the demo's flags, all completions in one pass; the entropy gate on, so its cost is in
         a = train.parse_args(["--generation_size", str(G), "--max_completion_length", str(new_tokens),
-                              "--logprob_chunk", str(args.logprob_chunk), "--device", args.device] + flags[name])
+                              "--logprob_chunk", str(args.logprob_chunk), "--device", args.device,
+                              "--micro_batch_size", "0"] + flags[name])
         cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=new_tokens)
     torch.manual_seed(0)
     model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)

@@ -49,6 +49,29 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def tiny_lm(tiny_model_dir):
+    """tiny_lm(lora) -> the tiny model in fp32; with LoRA (r 4 on q, v, up) its B matrices drawn
+    non-zero, since B = 0 at init would hide gradient errors in A."""
+    from transformers import AutoModelForCausalLM
+
+    def make(lora=False):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    torch.nn.init.normal_(p, std=0.1)
+        return model
+    return make
+
+
+def grads(model):
+    """{name: gradient} of the parameters that have one."""
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture
 def tiny_args(tiny_model_dir):
     """tiny_args(out, flag=value, ...) -> train.py argv for the tiny model: no one-shot example,
     entropy filter off, LoRA rank 4, G = 4, 6 new tokens; keyword flags override or add

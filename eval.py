@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
+from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name, torn_tail
+import runs
 from models import ModelError, load_model
 from rewards import answers_equal, extract_answer, format_reward, score
 
@@ -137,10 +138,16 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
             "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows)}
 
 
-def resumable_rows(path, records, n):
+def resumable_rows(path, records, n, per_call=1, log=print):
     """Rows of an interrupted evaluation that can be kept: whole problems, in order, whose question
-    matches this dataset (a partly sampled last problem is sampled again)."""
-    rows = read_rows(path)
+    matches this dataset (a partly sampled last problem is sampled again; a torn last line, left by
+    a kill mid-write, is dropped with a notice). The kept problems end at a multiple of per_call
+    (problems per generate call), so every later call batches the same problems as an
+    uninterrupted evaluation would."""
+    torn = torn_tail(path)
+    if torn is not None:
+        log(f"{path}: dropped a torn last line ({torn}), left by an interrupted write")
+    rows = [obj for _, obj in read_jsonl(path, torn_tail_ok=True)]
     by_problem = {}
     for r in rows:
         by_problem.setdefault(r["problem"], []).append(r)
@@ -157,7 +164,8 @@ def resumable_rows(path, records, n):
             raise DataError(f"--resume: {path} problem {p} is a different question than --dataset gives; "
                             f"use the same --dataset/--split/--limit or another --output_dir")
         keep += sorted(got, key=lambda r: r["sample"])
-    return keep
+    whole = len(keep) // n
+    return keep[:(whole - whole % per_call) * n]
 
 
 def rescore_rows(rows):
@@ -210,11 +218,6 @@ CURVE_KEYS = ["reward", "rewards/format", "rewards/accuracy", "entropy", "kl", "
 def read_rows(path):
     """The JSON objects of a .jsonl file (data.read_jsonl: a malformed line names file:line)."""
     return [obj for _, obj in read_jsonl(path)]
-
-
-def read_json(path):
-    with open(path) as f:
-        return json.load(f)
 
 
 def plot_curves(metric_files, out_png, smooth=5):
@@ -289,7 +292,8 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
     first = len(rows) // n
     bar = tqdm(total=len(records), initial=first, desc=f"eval {task}", dynamic_ncols=True)
     for s in range(first, len(records), per_call):
-        group = list(enumerate(records[s:s + per_call], s))
+        torch.manual_seed(args.seed + s)                    # a call's samples depend on seed and position only,
+        group = list(enumerate(records[s:s + per_call], s))  # so --resume reproduces an uninterrupted run
         prompts = [format_prompt(tok, r["question"], example) for _, r in group]
         texts, lengths, trunc = [[] for _ in group], [[] for _ in group], [[] for _ in group]
         for done in range(0, n, chunk):
@@ -359,7 +363,7 @@ def plot_main(args):
         if not os.path.isfile(f):
             raise DataError(f"{f!r} does not exist")
     if args.plot:
-        plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), read_json(f))
+        plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), runs.read_json(f))
                     for f in args.plot], os.path.join(out, "passk.png"))
         print(f"wrote {os.path.join(out, 'passk.png')}")
     if args.curves:
@@ -380,7 +384,7 @@ def main(argv=None):
         if not rows:
             raise DataError(f"--rescore {args.rescore!r} holds no samples")
         old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
-        meta = {"dataset": rows[0]["task"], **(read_json(old_path) if os.path.isfile(old_path) else {})}
+        meta = {"dataset": rows[0]["task"], **(runs.read_json(old_path) if os.path.isfile(old_path) else {})}
         ks = args.k or meta.get("ks")
         seed = meta.get("seed", args.seed)
         args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
@@ -410,12 +414,11 @@ def main(argv=None):
         samples_path = os.path.join(out, "samples.jsonl")
         done = []
         if os.path.exists(samples_path) and args.resume:
-            done = resumable_rows(samples_path, records, args.n_samples)
+            done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
         elif os.path.exists(samples_path) and not args.overwrite:
             raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
                             f"replace it, another --output_dir, or --rescore {samples_path}")
         os.makedirs(out, exist_ok=True)
-        torch.manual_seed(seed + len(done))
         model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit)
         with open(samples_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in done)
@@ -432,8 +435,7 @@ def main(argv=None):
     if args.rescore:
         res["rescored_from"] = args.rescore
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(res, f, indent=2)
+    runs.write_json(os.path.join(out, "results.json"), res)
     plot_passk([(os.path.basename(os.path.abspath(out)), res)], os.path.join(out, "passk.png"))
     print(summary(res))
     print(f"results in {os.path.join(out, 'results.json')}, plot {os.path.join(out, 'passk.png')}")

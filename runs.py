@@ -11,12 +11,18 @@ import sys
 
 import torch
 
+from data import read_jsonl, torn_tail
+
 # a run's identity: --resume refuses a checkpoint whose values differ
 RUN_KEYS = ("method", "model", "dataset", "lora_rank", "generation_size", "batch_size", "seed")
 
 
 class ConfigError(ValueError):
     """A flag or run folder that cannot work; the message says how to fix it."""
+
+
+class SaveError(OSError):
+    """A checkpoint or final save that failed (full disk, ...); what was saved before is intact."""
 
 
 # -----------------------------------------------------------------------------
@@ -26,8 +32,11 @@ def prepare_output_dir(out, config, resume, overwrite):
     """Refuse to mix two runs in one folder; on --resume check the checkpoint fits this config."""
     cfg_path = os.path.join(out, "config.json")
     if os.path.exists(cfg_path):
-        with open(cfg_path) as f:
-            old = json.load(f)
+        try:
+            old = read_json(cfg_path)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{cfg_path} is unreadable ({e}); it was not written by this version's atomic "
+                              f"writer. Restore it, or start afresh with --overwrite or another --output_dir") from None
         if resume:
             diff = {k: (old.get(k), config[k]) for k in RUN_KEYS if old.get(k) != config[k]}
             if diff:
@@ -48,9 +57,19 @@ def prepare_output_dir(out, config, resume, overwrite):
     os.makedirs(out, exist_ok=True)
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json(path, obj):
-    with open(path, "w") as f:
+    """Write JSON atomically: a temporary file, fsync, rename. A kill leaves the old file or the new."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
         json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class MetricsLog:
@@ -76,15 +95,20 @@ class MetricsLog:
             self.f = None
 
 
-def truncate_metrics(path, step):
-    """Drop rows logged after the checkpoint we resume from, so no step appears twice."""
+def truncate_log(path, step, log=print):
+    """Drop rows of an append-only log written after the checkpoint we resume from, so no step
+    appears twice. A torn last line (a kill mid-write) is dropped with a notice; a malformed line
+    before it is corruption and stops with file:line (DataError)."""
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(rows)
-    os.replace(path + ".tmp", path)
+    torn = torn_tail(path)
+    if torn is not None:
+        log(f"{path}: dropped a torn last line ({torn}), left by an interrupted write")
+    rows = [obj for _, obj in read_jsonl(path, torn_tail_ok=True) if obj.get("step", 0) <= step]
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, path)
 
 
 # -----------------------------------------------------------------------------
@@ -95,18 +119,33 @@ def last_checkpoint(out):
     return max(ckpts, key=lambda d: int(d.rsplit("-", 1)[-1]), default=None)
 
 
-def save_checkpoint(path, model, tokenizer, optimizer, scheduler, state):
-    """Adapter (PEFT format) or full model + optimizer, scheduler and `state` (step, RNG of every
-    rank, config, <H>_ini) in trainer_state.pt.
-    Written to a temporary folder and renamed, so a kill mid-save leaves the old one intact."""
+def save_folder(path, write):
+    """write(tmp) fills a temporary folder, which is then renamed to `path`: a kill mid-save leaves
+    the old folder (or none), never a partial one. An OSError (full disk, ...) removes the partial
+    folder and raises SaveError; nothing saved before is touched."""
     tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **state},
-               os.path.join(tmp, "trainer_state.pt"))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ckpt = last_checkpoint(os.path.dirname(path))
+        raise SaveError(f"could not save {path} ({e.strerror or e}); "
+                        + (f"{ckpt} is intact: free space, then rerun with --resume" if ckpt else
+                           "no checkpoint was written yet")) from None
     shutil.rmtree(path, ignore_errors=True)
     os.rename(tmp, path)
+
+
+def save_checkpoint(path, model, tokenizer, optimizer, scheduler, state):
+    """Adapter (PEFT format) or full model + optimizer, scheduler and `state` (step, RNG of every
+    rank, config, <H>_ini) in trainer_state.pt, saved through save_folder."""
+    def write(tmp):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **state},
+                   os.path.join(tmp, "trainer_state.pt"))
+    save_folder(path, write)
 
 
 def load_weights(model, path):
@@ -127,12 +166,17 @@ def rng_state(device):
             **({"cuda": torch.cuda.get_rng_state(device)} if device.startswith("cuda") else {})}
 
 
-def resume(out, model, optimizer, scheduler, dist):
+def resume(out, model, optimizer, scheduler, dist, log=print):
     """Restore the last checkpoint of `out`: weights, optimizer, scheduler, this rank's RNG.
-    Returns its state dict (step, h_ini, config, ...)."""
+    Returns its state dict (step, h_ini, config, ...). A run killed before its first checkpoint
+    starts again from step 0 (its logs emptied)."""
     ckpt = last_checkpoint(out)
     if ckpt is None:
-        raise ConfigError(f"--resume: {out} has no checkpoint-* folder yet; start without --resume")
+        if dist.main:
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                truncate_log(os.path.join(out, name), 0, log)
+        log(f"--resume: {out} has no checkpoint yet; starting from step 0")
+        return {"step": 0, "checkpoint": None}
     load_weights(model, ckpt)
     state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
     if state.get("world_size", 1) != dist.world:
@@ -146,7 +190,8 @@ def resume(out, model, optimizer, scheduler, dist):
     if "cuda" in rng and dist.device.startswith("cuda"):
         torch.cuda.set_rng_state(rng["cuda"], dist.device)
     if dist.main:
-        truncate_metrics(os.path.join(out, "metrics.jsonl"), state["step"])
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            truncate_log(os.path.join(out, name), state["step"], log)
     state["checkpoint"] = ckpt
     return state
 

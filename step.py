@@ -66,6 +66,11 @@ def _no_clock(stage):
     pass
 
 
+def _sync_if(policy, last):
+    """DDP averages gradients on the last micro-batch's backward only (no_sync before it)."""
+    return contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
+
+
 # -----------------------------------------------------------------------------
 # the one place where GTPO and GRPO differ, given a micro-batch's log-probs
 
@@ -146,8 +151,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     for s in range(0, N, mb):
         rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
         prompt = prompt_rows(ro, s, n_mb, G, cfg.share_prompt)
-        last = s + mb >= N
-        with contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync():
+        with _sync_if(policy, s + mb >= N):
             ref = None
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
                 ref = reference_logprobs(model, ref_model, prompt, ro, rows, cfg)
@@ -209,15 +213,23 @@ def sft_batch(tokenizer, records, example, device):
 
 
 def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
-    """Mean token NLL of the records' worked solutions (SFT, or the warm-up before RL); backward."""
+    """Mean token NLL of the records' worked solutions (SFT, or the warm-up before RL), over
+    micro-batches of cfg.micro_batch_size records; backward."""
     p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
-    logp, _ = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, with_entropy=False,
-                                logprob_chunk=cfg.logprob_chunk)
-    loss = -gtpo.masked_mean(logp, c_mask)
-    clock("forward")
-    loss.backward()
-    clock("backward")
-    return {"phase": "sft", "loss": loss.item()}
+    N = len(records)
+    mb, n_tokens = cfg.micro_batch_size or N, c_mask.sum().clamp(min=1).float()
+    loss_sum = 0.0
+    for s in range(0, N, mb):
+        rows = slice(s, s + mb)
+        with _sync_if(policy, s + mb >= N):
+            logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows], c_mask[rows],
+                                        with_entropy=False, logprob_chunk=cfg.logprob_chunk)
+            loss = -(logp * c_mask[rows]).sum() / n_tokens                          # token mean over all N
+            clock("forward")
+            loss.backward()
+            clock("backward")
+        loss_sum += loss.item()
+    return {"phase": "sft", "loss": loss_sum}
 
 
 def initial_entropy(model, tok, prompts, cfg):

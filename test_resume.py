@@ -93,6 +93,161 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_
     assert [x["step"] for x in _rows(out)] == list(range(1, last + 2))
 
 
+def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, tiny_args, train_cli):
+    out = str(tmp_path / "run")
+    flags = tiny_args(out, save_steps=1, max_completion_length=4)
+    assert train_cli(*flags, "--max_steps", "2", timeout=300).returncode == 0
+    metrics = os.path.join(out, "metrics.jsonl")
+    good = _bytes(metrics)
+    with open(metrics, "ab") as f:
+        f.write(b'{"step": 3, "loss": 0.1, "rew')                          # what kill -9 mid-write leaves
+    r = train_cli(*flags, "--max_steps", "3", "--resume", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "metrics.jsonl: dropped a torn last line (3)" in r.stdout
+    assert [x["step"] for x in _rows(out)] == [1, 2, 3]
+    # a malformed line before the last is corruption: file:line, exit 2, nothing rewritten
+    with open(metrics, "wb") as f:
+        f.write(good.replace(b'"step": 1,', b'"step": 1,,'))
+    broken = _bytes(metrics)
+    r = train_cli(*flags, "--max_steps", "4", "--resume", timeout=300)
+    assert r.returncode == 2 and "metrics.jsonl:1: malformed JSON line" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and _bytes(metrics) == broken
+
+
+def test_unreadable_config_is_a_clear_error(tmp_path, tiny_args, train_cli):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"method": "gtpo", "mod')
+    r = train_cli(*tiny_args(out, max_steps=1), "--resume", timeout=300)
+    assert r.returncode == 2 and "config.json is unreadable" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny_args, monkeypatch):
+    import errno
+    import runs
+    real = torch.save
+
+    def save(obj, path, *a, **k):
+        if "checkpoint-4" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, path, *a, **k)
+    monkeypatch.setattr(runs.torch, "save", save)
+    out = tmp_path / "run"
+    with pytest.raises(runs.SaveError, match="No space left on device.*checkpoint-2 is intact: free space, then rerun"):
+        train.main(tiny_args(out, max_steps=4, save_steps=2))
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "config.json", "metrics.jsonl", "samples.jsonl"]  # no .tmp
+    assert os.path.isfile(out / "checkpoint-2" / "trainer_state.pt")
+    assert [x["step"] for x in _rows(str(out))] == [1, 2, 3, 4]
+    monkeypatch.setattr(runs.torch, "save", real)
+    assert train.main(tiny_args(out, max_steps=4, save_steps=2) + ["--resume"]) == 0   # space freed: it goes on
+    assert [x["step"] for x in _rows(str(out))] == [1, 2, 3, 4]
+
+
+# -----------------------------------------------------------------------------
+# kill -9 at random moments, again and again (GTPO_CRASH_KILLS sets how many; CI runs a few)
+
+def _train_state(out, log):
+    """Where a kill landed in a training run, read off what this attempt printed and wrote."""
+    with open(log) as f:
+        printed = f.read()
+    if "trainable parameters" not in printed:
+        return "startup/model load"
+    tmp = [d for d in os.listdir(out) if d.endswith(".tmp")]
+    if tmp:
+        return "final save" if tmp == ["final.tmp"] else "checkpoint save"
+    n = len(_rows(out)) if os.path.exists(os.path.join(out, "metrics.jsonl")) else 0
+    return f"step {n + 1} (rollout, loss, backward or metrics write)" if n < 8 else "final save or exit"
+
+
+def _eval_state(out, log):
+    with open(log) as f:
+        printed = f.read()
+    path = os.path.join(out, "samples.jsonl")
+    if "eval " not in printed or not os.path.exists(path):
+        return "startup/model load"
+    with open(path) as f:
+        done = sum(1 for _ in f) // 2
+    return f"sampling problem {done + 1}" if done < 12 else "results.json / plot write or exit"
+
+
+def _crash_loop(start, kills, rng, window, where, logs):
+    """Start the command, SIGKILL it after a random delay, start it again (with --resume once it
+    has written something); `kills` times, then let it finish. Returns where each kill landed."""
+    landed = []
+    for k in range(kills + 1):
+        log = os.path.join(logs, f"attempt{k}.log")
+        p = start(log)
+        try:
+            p.wait(timeout=600 if k == kills else rng.uniform(*window))
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            landed.append(where(log))
+            continue
+        with open(log) as f:
+            assert p.returncode == 0, f.read()[-3000:]
+        if k < kills:
+            landed.append("finished before the kill")
+        break
+    return landed
+
+
+def _popen(cmd, log):
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=ENV)
+
+
+def test_random_kill9_during_training_then_resume_is_bit_exact(tmp_path, tiny_args, train_cli):
+    import random
+    kills, seed = int(os.environ.get("GTPO_CRASH_KILLS", "4")), int(os.environ.get("GTPO_CRASH_SEED", "0"))
+    rng = random.Random(seed)                                   # GTPO_CRASH_SEED replays a failure
+    flags = lambda out: tiny_args(out, max_steps=8, save_steps=1, max_completion_length=16)   # noqa: E731
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    t0 = time.time()
+    assert train_cli(*flags(a), timeout=600).returncode == 0
+    window = (0.3, time.time() - t0)                            # anywhere in a whole run, load included
+
+    def start(log):
+        resume = ["--resume"] if os.path.exists(os.path.join(b, "config.json")) else []
+        return _popen(_cmd(*flags(b), *resume), log)
+    landed = _crash_loop(start, kills, rng, window, lambda log: _train_state(b, log), str(tmp_path))
+    print(f"train kills (seed {seed}): {landed}")
+    assert os.path.isdir(os.path.join(b, "final"))
+    ra, rb = _rows(a), _rows(b)
+    assert [x["step"] for x in rb] == list(range(1, 9))                  # each step exactly once
+    for x, y in zip(ra, rb):
+        assert all(x.get(k) == y.get(k) for k in ("loss", "reward", "entropy", "grad_norm", "lr")), x["step"]
+    wa, wb = _adapter(os.path.join(a, "final")), _adapter(os.path.join(b, "final"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_random_kill9_during_eval_then_resume_gives_the_same_results(tmp_path, tiny_model_dir):
+    import random
+    kills, seed = int(os.environ.get("GTPO_CRASH_KILLS", "4")), int(os.environ.get("GTPO_CRASH_SEED", "0"))
+    rng = random.Random(seed + 1)
+
+    def cmd(out, resume=False):
+        return [sys.executable, os.path.join(HERE, "eval.py"), "--model", tiny_model_dir, "--limit", "12",
+                "--n_samples", "2", "--batch_size", "2", "--max_completion_length", "16", "--one_shot_from", "none",
+                "--output_dir", out] + (["--resume"] if resume else [])
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    t0 = time.time()
+    r = subprocess.run(cmd(a), capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    window = (0.3, time.time() - t0)
+
+    def start(log):
+        return _popen(cmd(b, os.path.exists(os.path.join(b, "samples.jsonl"))), log)
+    landed = _crash_loop(start, kills, rng, window, lambda log: _eval_state(b, log), str(tmp_path))
+    print(f"eval kills (seed {seed}): {landed}")
+    with open(os.path.join(a, "samples.jsonl")) as fa, open(os.path.join(b, "samples.jsonl")) as fb:
+        assert fa.read() == fb.read()                                    # the same completions, in order
+    with open(os.path.join(a, "results.json")) as fa, open(os.path.join(b, "results.json")) as fb:
+        ra, rb = json.load(fa), json.load(fb)
+    assert ra.pop("date") and rb.pop("date")
+    assert ra == rb and ra["n_problems"] == 12
+
+
 # -----------------------------------------------------------------------------
 # bad input: one clear message, exit code 2, nothing lost
 
@@ -136,13 +291,20 @@ def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_cli):
         assert {f: _bytes(os.path.join(out, f)) for f in before} == before
         w = _adapter(os.path.join(out, "checkpoint-1"))
         assert all(torch.equal(w[k], w_before[k]) for k in w)
-    # a run killed before its first checkpoint: same config, nothing to resume from
+    # a run killed before its first checkpoint: --resume starts it again from step 0, and ends
+    # exactly where an uninterrupted run ends
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
     with open(os.path.join(empty, "config.json"), "wb") as f:
         f.write(before["config.json"])
+    with open(os.path.join(empty, "metrics.jsonl"), "w") as f:
+        f.write('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')              # rows of the lost steps, torn
     r = train_cli(*args(out=empty), "--resume", timeout=300)
-    assert r.returncode == 2 and "has no checkpoint-* folder yet" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0 and "has no checkpoint yet; starting from step 0" in r.stdout, r.stderr[-2000:]
+    assert "dropped a torn last line (2)" in r.stdout
+    assert [x["step"] for x in _rows(empty)] == [1] and _rows(empty)[0]["loss"] == _rows(out)[0]["loss"]
+    w, w_before = _adapter(os.path.join(empty, "final")), _adapter(os.path.join(out, "final"))
+    assert all(torch.equal(w[k], w_before[k]) for k in w)
 
 
 def test_load_in_4bit_on_cpu_warns_and_continues(tmp_path, tiny_args, train_cli):

@@ -5,22 +5,10 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 import step
+from conftest import grads
 from models import load_tokenizer
 from rollout import Rollout, merged_lora, rollout, sequence_logprobs
-
-
-def _model(path, lora):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
-        for n, p in model.named_parameters():           # B = 0 at init would hide gradient errors in A
-            if "lora_B" in n:
-                torch.nn.init.normal_(p, std=0.1)
-    return model
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -37,16 +25,12 @@ def _group(V, B, G, P, L, seed=0):
     return p_ids, p_mask, c_ids, c_mask
 
 
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("lora", [True, False])
 @pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_shared_prompt_pass_equals_copies(tiny_model_dir, lora, B, chunk):
+def test_shared_prompt_pass_equals_copies(tiny_lm, lora, B, chunk):
     """Log-probs, entropy and gradients (through the prompt's shared KV cache) match G copies."""
-    model = _model(tiny_model_dir, lora)
+    model = tiny_lm(lora)
     G, P, L = 3, 7, 6
     p_ids, p_mask, c_ids, c_mask = _group(model.config.vocab_size, B, G, P, L)
     index = torch.arange(B * G) // G
@@ -58,7 +42,7 @@ def test_shared_prompt_pass_equals_copies(tiny_model_dir, lora, B, chunk):
         logp, ent = sequence_logprobs(model, args[0], args[1], c_ids, c_mask, logprob_chunk=chunk,
                                       prompt_index=index if shared else None)
         (logp * w * c_mask).sum().backward()
-        out.append((logp.detach(), ent, _grads(model)))
+        out.append((logp.detach(), ent, grads(model)))
     m = c_mask.bool()
     (lp0, e0, g0), (lp1, e1, g1) = out
     torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=0)
@@ -78,10 +62,10 @@ def _fixed_rollout(tok, V, B, G, P, L):
 
 
 @pytest.mark.parametrize("method,beta", [("gtpo", 0.0), ("grpo", 0.04)])
-def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, monkeypatch, method, beta):
+def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_lm, monkeypatch, method, beta):
     """The whole RL step (micro-batches cut across groups, GRPO's reference pass with adapters off)
     leaves the same gradients and metrics with and without prompt sharing."""
-    model = _model(tiny_model_dir, lora=True)
+    model = tiny_lm(lora=True)
     tok = load_tokenizer(tiny_model_dir)
     B, G = 2, 3
     ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
@@ -94,7 +78,7 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, monke
         model.zero_grad()
         cfg = dataclasses.replace(base, share_prompt=share, micro_batch_size=mb)
         m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
-        results[(share, mb)] = (m, _grads(model))
+        results[(share, mb)] = (m, grads(model))
     m0, g0 = results[(False, 0)]
     assert any(v.abs().sum() > 0 for n, v in g0.items() if "lora_A" in n)
     for key, (m, g) in results.items():
@@ -106,10 +90,10 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, monke
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
-def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir):
+def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, tiny_lm):
     """Pre-filling each prompt once and merging LoRA for sampling: the same tokens as a plain
     `generate` over G copies with the adapters unmerged, at (near) zero temperature."""
-    model = _model(tiny_model_dir, lora=True).eval()
+    model = tiny_lm(lora=True).eval()
     tok = load_tokenizer(tiny_model_dir)
     prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
     G, new = 3, 10
@@ -125,8 +109,8 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir):
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
 
 
-def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_model_dir):
-    model = _model(tiny_model_dir, lora=True).eval()
+def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_lm):
+    model = tiny_lm(lora=True).eval()
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
@@ -161,3 +145,18 @@ def test_grpo_takes_the_entropy_gate_only_when_asked():
     neg, _, a = step.policy_loss(dataclasses.replace(cfg, entropy_filter="neg"), logp, mask, adv, h)
     torch.testing.assert_close(a, torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0]))   # OnlyNeg keeps row 0 (A > 0)
     assert neg.item() != pytest.approx(gated.item())
+
+
+def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):
+    from data import arithmetic_task
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    records = arithmetic_task("train")[:5]
+    out = {}
+    for mb in (0, 2):
+        model.zero_grad()
+        cfg = step.StepConfig(method="sft", task="arithmetic", generation_size=1, max_completion_length=8,
+                              micro_batch_size=mb)
+        out[mb] = (step.sft_step(model, tok, records, None, cfg, "cpu")["loss"], grads(model))
+    assert out[2][0] == pytest.approx(out[0][0], abs=1e-6) and out[0][0] > 0
+    for n, g in out[0][1].items():
+        torch.testing.assert_close(out[2][1][n], g, atol=1e-6, rtol=1e-5, msg=n)

@@ -8,6 +8,7 @@ import torch
 
 import step
 import train
+from conftest import grads
 from models import load_tokenizer
 from rollout import completion_mask, rollout
 
@@ -134,23 +135,11 @@ def test_help_explains_batch_size(train_cli):
 # -----------------------------------------------------------------------------
 # chunked log-probs / entropy (rollout.ChunkedLogprobs) against the full-logits path
 
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("lora", [True, False])
-def test_chunked_logprobs_match_full_logits(tiny_model_dir, lora):
+def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     import gtpo
-    from transformers import AutoModelForCausalLM
     from rollout import lm_head_of, sequence_logprobs
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
-        for n, p in model.named_parameters():           # B = 0 at init would hide gradient errors in A
-            if "lora_B" in n:
-                torch.nn.init.normal_(p, std=0.1)
+    model = tiny_lm(lora)
     assert lm_head_of(model) is not None
     V = model.config.vocab_size
     N, P, L = 6, 5, 11
@@ -169,12 +158,12 @@ def test_chunked_logprobs_match_full_logits(tiny_model_dir, lora):
         loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.entropy_gate(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1),
                                  weights)
         loss.backward()
-        out[chunk] = (logp.detach(), ent, loss.detach(), _grads(model))
+        out[chunk] = (logp.detach(), ent, loss.detach(), grads(model))
     ref_logp, ref_ent, ref_loss, ref_grads = out[0]
     m = c_mask.bool()
     assert len(ref_grads) > 0 and (any("lm_head" in n for n in ref_grads) != lora)   # head trains only without LoRA
     for chunk in (4, 256):
-        logp, ent, loss, grads = out[chunk]
+        logp, ent, loss, got = out[chunk]
         assert ent.requires_grad is False
         torch.testing.assert_close(logp[m], ref_logp[m], atol=1e-5, rtol=0)
         # entropies are ~10.8 nats (near-uniform over 49k tokens): both paths sum 49k fp32 terms
@@ -182,9 +171,9 @@ def test_chunked_logprobs_match_full_logits(tiny_model_dir, lora):
         torch.testing.assert_close(ent[m], ref_ent[m], atol=1e-5, rtol=1e-5)
         assert (logp[~m] == 0).all()
         torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=0)
-        assert grads.keys() == ref_grads.keys()
-        for n in grads:
-            torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-4, msg=n)
+        assert got.keys() == ref_grads.keys()
+        for n in got:
+            torch.testing.assert_close(got[n], ref_grads[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
 def test_chunked_function_gradcheck_float64():

@@ -13,7 +13,6 @@ import argparse
 import math
 import os
 import random
-import shutil
 import sys
 import time
 
@@ -23,20 +22,21 @@ import step as steps
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
 from models import ALIASES, ModelError, load_model
 from rollout import PolicyPass
-from runs import (ConfigError, Dist, MetricsLog, StopFlag, prepare_output_dir, resume, rng_state,
-                  save_checkpoint, weights_fingerprint, write_json)
+from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, prepare_output_dir, resume, rng_state,
+                  save_checkpoint, save_folder, weights_fingerprint, write_json)
 
 # -----------------------------------------------------------------------------
 # 1. config: the paper's Listing 1 are the defaults; the embedded model has a demo profile
 
 PAPER = dict(lr=1e-6, generation_size=12, max_prompt_length=4000, max_completion_length=1500,
              warmup_ratio=0.005, save_steps=500, ent_ini_prompts=100, sft_warmup_steps=0,
-             one_shot=False, max_steps=-1, load_in_4bit=True)
+             one_shot=False, max_steps=-1, load_in_4bit=True, micro_batch_size=0)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo
 # shows it one worked example in the prompt (one_shot) and uses a LoRA-sized learning rate.
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.05, save_steps=20,
-                                 ent_ini_prompts=16, one_shot=True, sft_warmup_steps=4, max_steps=36)}
+                                 ent_ini_prompts=16, one_shot=True, sft_warmup_steps=4, max_steps=36,
+                                 micro_batch_size=4)}     # 4 completions per backward: peak RSS < 3 GB
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Listing 1
 
 
@@ -58,14 +58,12 @@ def build_parser():
     # data and sampling
     a("--batch_size", type=int, default=1, help="PROMPTS per optimizer step; each gets --generation_size completions")
     a("--generation_size", type=int, default=None, help="G, completions per prompt (paper: 8 or 12)")
-    a("--micro_batch_size", type=int, default=0, help="completions per forward/backward (0 = all at once)")
+    a("--micro_batch_size", type=int, default=None, help="completions per forward/backward (0 = all at once)")
     a("--logprob_chunk", type=int, default=256,
       help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
-    a("--share_prompt", action=argparse.BooleanOptionalAction, default=True,
-      help="compute each prompt once per group, in the rollout and the policy pass (off with "
-           "--gradient_checkpointing)")
-    a("--merge_lora", action=argparse.BooleanOptionalAction, default=True,
-      help="sample with LoRA merged into copies of the base weights (the base stays bit-identical)")
+    on = dict(action=argparse.BooleanOptionalAction, default=True)
+    a("--share_prompt", **on, help="each prompt computed once per group (rollout, policy pass); off with checkpointing")
+    a("--merge_lora", **on, help="sample with LoRA merged into copies of the base weights (base untouched)")
     a("--epochs", type=int, default=1, help="passes over the training prompts (Listing 1: 1)")
     a("--max_steps", type=int, default=None, help="stop after this many optimizer steps (-1 = epochs decide)")
     a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)")
@@ -237,9 +235,8 @@ def train(args, dist, stop):
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(args, params, total_steps)
-    state = {"step": 0}
-    if args.resume:
-        state = resume(args.output_dir, model, optimizer, scheduler, dist)
+    state = resume(args.output_dir, model, optimizer, scheduler, dist, log) if args.resume else {"step": 0}
+    if state.get("checkpoint"):
         log(f"resumed from {state['checkpoint']} at step {state['step']}")
     else:
         torch.manual_seed(args.seed + dist.rank)        # different samples on each rank
@@ -338,10 +335,8 @@ def finish(args, model, tok, params, dist, log):
             raise RuntimeError(f"DDP ranks ended with different weights: {prints}")
         log(f"ddp: trainable weights bit-identical on all {dist.world} ranks")
     if dist.main:
-        final = os.path.join(args.output_dir, "final")
-        shutil.rmtree(final, ignore_errors=True)
-        model.save_pretrained(final)
-        tok.save_pretrained(final)
+        save_folder(os.path.join(args.output_dir, "final"), lambda tmp: (model.save_pretrained(tmp),
+                                                                         tok.save_pretrained(tmp)))
     log(f"done: adapter/model in {os.path.join(args.output_dir, 'final')}, "
         f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}")
 
@@ -352,6 +347,6 @@ if __name__ == "__main__":
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except FloatingPointError as e:
+    except (FloatingPointError, SaveError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
