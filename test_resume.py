@@ -148,9 +148,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny_arg
 
 def _train_state(out, log):
     """Where a kill landed in a training run, read off what this attempt printed and wrote."""
-    with open(log) as f:
-        printed = f.read()
-    if "trainable parameters" not in printed:
+    if "trainable parameters" not in _text(log):
         return "startup/model load"
     tmp = [d for d in os.listdir(out) if d.endswith(".tmp")]
     if tmp:
@@ -160,10 +158,8 @@ def _train_state(out, log):
 
 
 def _eval_state(out, log):
-    with open(log) as f:
-        printed = f.read()
     path = os.path.join(out, "samples.jsonl")
-    if "eval " not in printed or not os.path.exists(path):
+    if "eval " not in _text(log) or not os.path.exists(path):
         return "startup/model load"
     with open(path) as f:
         done = sum(1 for _ in f) // 2
@@ -172,7 +168,8 @@ def _eval_state(out, log):
 
 def _crash_loop(start, kills, rng, window, where, logs):
     """Start the command, SIGKILL it after a random delay, start it again (with --resume once it
-    has written something); `kills` times, then let it finish. Returns where each kill landed."""
+    has written something), until it finishes or `kills` kills are spent. Returns where each
+    kill landed."""
     landed = []
     for k in range(kills + 1):
         log = os.path.join(logs, f"attempt{k}.log")
@@ -184,41 +181,75 @@ def _crash_loop(start, kills, rng, window, where, logs):
             p.wait()
             landed.append(where(log))
             continue
-        with open(log) as f:
-            assert p.returncode == 0, f.read()[-3000:]
-        if k < kills:
-            landed.append("finished before the kill")
+        assert p.returncode == 0, _text(log)[-3000:]
         break
     return landed
 
 
+def _timed_reference(cmd, log, ready):
+    """Run the uninterrupted reference; the kill window runs from half the time it took to print
+    `ready` (startup, mostly imports and model load) to its whole duration."""
+    t0 = time.time()
+    p = _popen(cmd, log)
+    t_ready = None
+    while p.poll() is None:
+        if t_ready is None and ready in _text(log):
+            t_ready = time.time() - t0
+        time.sleep(0.02)
+    assert p.returncode == 0, _text(log)[-3000:]
+    return (0.5 * (t_ready or 0.3), time.time() - t0)
+
+
+def _crash_runs(kills, rng, window, start_in, where, check, tmp_path):
+    """Kill runs at random moments until `kills` kills are spent; each run that finishes is
+    checked against the reference, and a new one begins. Returns where the kills landed."""
+    landed = []
+    for n in range(kills + 1):
+        out = str(tmp_path / f"crash{n}")
+        logs = tmp_path / f"logs{n}"
+        logs.mkdir()
+        got = _crash_loop(lambda log: start_in(out, log), kills - len(landed), rng, window,
+                          lambda log: where(out, log), str(logs))
+        landed += got
+        check(out)
+        if len(landed) >= kills:
+            return landed
+    return landed
+
+
+def _text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def _popen(cmd, log):
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=ENV)
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                env={**ENV, "PYTHONUNBUFFERED": "1"})      # the log shows how far it got
 
 
-def test_random_kill9_during_training_then_resume_is_bit_exact(tmp_path, tiny_args, train_cli):
+def test_random_kill9_during_training_then_resume_is_bit_exact(tmp_path, tiny_args):
     import random
     kills, seed = int(os.environ.get("GTPO_CRASH_KILLS", "4")), int(os.environ.get("GTPO_CRASH_SEED", "0"))
     rng = random.Random(seed)                                   # GTPO_CRASH_SEED replays a failure
     flags = lambda out: tiny_args(out, max_steps=8, save_steps=1, max_completion_length=16)   # noqa: E731
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    t0 = time.time()
-    assert train_cli(*flags(a), timeout=600).returncode == 0
-    window = (0.3, time.time() - t0)                            # anywhere in a whole run, load included
+    a = str(tmp_path / "a")
+    window = _timed_reference(_cmd(*flags(a)), str(tmp_path / "a.log"), "trainable parameters")
+    wa = _adapter(os.path.join(a, "final"))
 
-    def start(log):
-        resume = ["--resume"] if os.path.exists(os.path.join(b, "config.json")) else []
-        return _popen(_cmd(*flags(b), *resume), log)
-    landed = _crash_loop(start, kills, rng, window, lambda log: _train_state(b, log), str(tmp_path))
-    print(f"train kills (seed {seed}): {landed}")
-    assert os.path.isdir(os.path.join(b, "final"))
-    ra, rb = _rows(a), _rows(b)
-    assert [x["step"] for x in rb] == list(range(1, 9))                  # each step exactly once
-    for x, y in zip(ra, rb):
-        assert all(x.get(k) == y.get(k) for k in ("loss", "reward", "entropy", "grad_norm", "lr")), x["step"]
-    wa, wb = _adapter(os.path.join(a, "final")), _adapter(os.path.join(b, "final"))
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    def start_in(out, log):
+        resume = ["--resume"] if os.path.exists(os.path.join(out, "config.json")) else []
+        return _popen(_cmd(*flags(out), *resume), log)
+
+    def check(out):
+        assert [x["step"] for x in _rows(out)] == list(range(1, 9))      # each step exactly once
+        for x, y in zip(_rows(a), _rows(out)):
+            assert all(x.get(k) == y.get(k) for k in ("loss", "reward", "entropy", "grad_norm", "lr")), x["step"]
+        wb = _adapter(os.path.join(out, "final"))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    landed = _crash_runs(kills, rng, window, start_in, _train_state, check, tmp_path)
+    print(f"train kills (seed {seed}, {len(landed)}): {landed}")
+    assert len(landed) == kills
 
 
 def test_random_kill9_during_eval_then_resume_gives_the_same_results(tmp_path, tiny_model_dir):
@@ -230,22 +261,26 @@ def test_random_kill9_during_eval_then_resume_gives_the_same_results(tmp_path, t
         return [sys.executable, os.path.join(HERE, "eval.py"), "--model", tiny_model_dir, "--limit", "12",
                 "--n_samples", "2", "--batch_size", "2", "--max_completion_length", "16", "--one_shot_from", "none",
                 "--output_dir", out] + (["--resume"] if resume else [])
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    t0 = time.time()
-    r = subprocess.run(cmd(a), capture_output=True, text=True, env=ENV, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    window = (0.3, time.time() - t0)
+    a = str(tmp_path / "a")
+    window = _timed_reference(cmd(a), str(tmp_path / "a.log"), "eval ")
+    with open(os.path.join(a, "samples.jsonl")) as f:
+        samples = f.read()
+    with open(os.path.join(a, "results.json")) as f:
+        ra = json.load(f)
+    ra.pop("date")
 
-    def start(log):
-        return _popen(cmd(b, os.path.exists(os.path.join(b, "samples.jsonl"))), log)
-    landed = _crash_loop(start, kills, rng, window, lambda log: _eval_state(b, log), str(tmp_path))
-    print(f"eval kills (seed {seed}): {landed}")
-    with open(os.path.join(a, "samples.jsonl")) as fa, open(os.path.join(b, "samples.jsonl")) as fb:
-        assert fa.read() == fb.read()                                    # the same completions, in order
-    with open(os.path.join(a, "results.json")) as fa, open(os.path.join(b, "results.json")) as fb:
-        ra, rb = json.load(fa), json.load(fb)
-    assert ra.pop("date") and rb.pop("date")
-    assert ra == rb and ra["n_problems"] == 12
+    def start_in(out, log):
+        return _popen(cmd(out, os.path.exists(os.path.join(out, "samples.jsonl"))), log)
+
+    def check(out):
+        with open(os.path.join(out, "samples.jsonl")) as f:
+            assert f.read() == samples                                   # the same completions, in order
+        with open(os.path.join(out, "results.json")) as f:
+            rb = json.load(f)
+        assert rb.pop("date") and rb == ra and ra["n_problems"] == 12
+    landed = _crash_runs(kills, rng, window, start_in, _eval_state, check, tmp_path)
+    print(f"eval kills (seed {seed}, {len(landed)}): {landed}")
+    assert len(landed) == kills
 
 
 # -----------------------------------------------------------------------------
