@@ -223,9 +223,10 @@ class PolicyPass(torch.nn.Module):
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False,
                              **out_kw)
             return pick(out)[:, -L - 1:-1]                                           # position t predicts o_t
-        counts = torch.unique_consecutive(prompt_index, return_counts=True)[1].tolist()
-        if len(counts) != prompt_ids.shape[0]:
-            raise ValueError("prompt_index must list each prompt's completions consecutively, every prompt used")
+        values, counts = torch.unique_consecutive(prompt_index, return_counts=True)
+        counts = counts.tolist()
+        if values.tolist() != list(range(prompt_ids.shape[0])):
+            raise ValueError("prompt_index must be 0, ..., B-1 in order, each prompt's completions consecutive")
         p_pos = positions(prompt_mask)                                               # (B, P)
         out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=p_pos, use_cache=True,
                          **{**out_kw, "logits_to_keep": 1})
