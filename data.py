@@ -86,10 +86,10 @@ def to_record(obj, where="record"):
     return {"question": q, "answer": _number_text(ans), "solution": sol}
 
 
-def read_jsonl(path, torn_tail_ok=False):
+def read_jsonl(path, log_torn=None):
     """Rows of a JSONL file as (line number, object); a malformed line raises DataError naming
-    file and line. torn_tail_ok: a malformed LAST line -- what a kill or a full disk leaves in an
-    append-only log -- is dropped instead; call torn_tail(path) to learn whether there was one."""
+    file and line. log_torn: for append-only logs, a malformed LAST line -- what a kill or a full
+    disk leaves mid-write -- is dropped instead and reported through log_torn(message)."""
     rows = []
     with open(path, encoding="utf-8") as f:
         lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
@@ -97,7 +97,8 @@ def read_jsonl(path, torn_tail_ok=False):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            if torn_tail_ok and k == len(lines) - 1:
+            if log_torn and k == len(lines) - 1:
+                log_torn(f"{path}: dropped a torn last line ({n}), left by an interrupted write")
                 break
             raise DataError(f"{path}:{n}: malformed JSON line ({e.msg} at column {e.colno}); "
                             f"fix or delete that line") from None
@@ -105,19 +106,6 @@ def read_jsonl(path, torn_tail_ok=False):
             raise DataError(f"{path}:{n}: expected a JSON object per line, got {type(obj).__name__}")
         rows.append((n, obj))
     return rows
-
-
-def torn_tail(path):
-    """The line number of a malformed last line of `path` (None if it ends cleanly)."""
-    with open(path, encoding="utf-8") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    if not lines:
-        return None
-    try:
-        json.loads(lines[-1][1])
-        return None
-    except json.JSONDecodeError:
-        return lines[-1][0]
 
 
 def _records(rows, path, name):

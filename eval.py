@@ -23,10 +23,10 @@ import sys
 
 import torch
 
-from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name, torn_tail
 import runs
+from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model
-from rewards import answers_equal, extract_answer, format_reward, score
+from rewards import answers_equal, extract_answer, score
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 
@@ -144,10 +144,7 @@ def resumable_rows(path, records, n, per_call=1, log=print):
     a kill mid-write, is dropped with a notice). The kept problems end at a multiple of per_call
     (problems per generate call), so every later call batches the same problems as an
     uninterrupted evaluation would."""
-    torn = torn_tail(path)
-    if torn is not None:
-        log(f"{path}: dropped a torn last line ({torn}), left by an interrupted write")
-    rows = [obj for _, obj in read_jsonl(path, torn_tail_ok=True)]
+    rows = [obj for _, obj in read_jsonl(path, log_torn=log)]
     by_problem = {}
     for r in rows:
         by_problem.setdefault(r["problem"], []).append(r)

@@ -87,6 +87,7 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     ids, attn = enc["input_ids"], enc["attention_mask"]                            # (B, P)
+    ids_g, attn_g = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)   # (B*G, P)
     eos = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
@@ -98,18 +99,16 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
             pre.past_key_values.batch_repeat_interleave(group_size)                 # (B, ...) -> (B*G, ...)
             cache = {"past_key_values": pre.past_key_values}
         out = model.generate(
-            input_ids=ids.repeat_interleave(group_size, 0), attention_mask=attn.repeat_interleave(group_size, 0),
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, use_cache=True,
-            **cache)
+            input_ids=ids_g, attention_mask=attn_g, do_sample=True, temperature=temperature, top_p=top_p,
+            top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id, use_cache=True, **cache)
     model.train(was_training)
     P = ids.shape[1]
     comp = out[:, P:]                                                 # (N, L)
     mask, truncated = completion_mask(comp, eos)
     comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(comp, skip_special_tokens=True)
-    return Rollout(prompt_ids=ids.repeat_interleave(group_size, 0), prompt_mask=attn.repeat_interleave(group_size, 0),
-                   completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
+    return Rollout(prompt_ids=ids_g, prompt_mask=attn_g, completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
 
 
 def _rows_logsumexp(z, rows=32):

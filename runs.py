@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from data import read_jsonl, torn_tail
+from data import read_jsonl
 
 # a run's identity: --resume refuses a checkpoint whose values differ
 RUN_KEYS = ("method", "model", "dataset", "lora_rank", "generation_size", "batch_size", "seed")
@@ -62,14 +62,18 @@ def read_json(path):
         return json.load(f)
 
 
-def write_json(path, obj):
-    """Write JSON atomically: a temporary file, fsync, rename. A kill leaves the old file or the new."""
+def write_text(path, text):
+    """Write a file atomically: a temporary file, fsync, rename. A kill leaves the old file or the new."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2))
 
 
 class MetricsLog:
@@ -99,16 +103,9 @@ def truncate_log(path, step, log=print):
     """Drop rows of an append-only log written after the checkpoint we resume from, so no step
     appears twice. A torn last line (a kill mid-write) is dropped with a notice; a malformed line
     before it is corruption and stops with file:line (DataError)."""
-    if not os.path.exists(path):
-        return
-    torn = torn_tail(path)
-    if torn is not None:
-        log(f"{path}: dropped a torn last line ({torn}), left by an interrupted write")
-    rows = [obj for _, obj in read_jsonl(path, torn_tail_ok=True) if obj.get("step", 0) <= step]
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(tmp, path)
+    if os.path.exists(path):
+        rows = [obj for _, obj in read_jsonl(path, log_torn=log) if obj.get("step", 0) <= step]
+        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 # -----------------------------------------------------------------------------
@@ -171,12 +168,19 @@ def resume(out, model, optimizer, scheduler, dist, log=print):
     Returns its state dict (step, h_ini, config, ...). A run killed before its first checkpoint
     starts again from step 0 (its logs emptied)."""
     ckpt = last_checkpoint(out)
+    state = {"step": 0, "checkpoint": None}
     if ckpt is None:
-        if dist.main:
-            for name in ("metrics.jsonl", "samples.jsonl"):
-                truncate_log(os.path.join(out, name), 0, log)
         log(f"--resume: {out} has no checkpoint yet; starting from step 0")
-        return {"step": 0, "checkpoint": None}
+    else:
+        state = restore(ckpt, model, optimizer, scheduler, dist)
+    if dist.main:
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            truncate_log(os.path.join(out, name), state["step"], log)
+    return state
+
+
+def restore(ckpt, model, optimizer, scheduler, dist):
+    """Weights, optimizer, scheduler and this rank's RNG from checkpoint folder `ckpt`."""
     load_weights(model, ckpt)
     state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
     if state.get("world_size", 1) != dist.world:
@@ -189,11 +193,7 @@ def resume(out, model, optimizer, scheduler, dist, log=print):
     random.setstate(rng["python"])
     if "cuda" in rng and dist.device.startswith("cuda"):
         torch.cuda.set_rng_state(rng["cuda"], dist.device)
-    if dist.main:
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            truncate_log(os.path.join(out, name), state["step"], log)
-    state["checkpoint"] = ckpt
-    return state
+    return {**state, "checkpoint": ckpt}
 
 
 # -----------------------------------------------------------------------------

@@ -188,12 +188,12 @@ def entropy_filter_mode(args, state, model, tok, records, example, dist, log):
         return "off"                                    # the baseline; all / neg add the gate (App. 14)
     if args.method != "gtpo" or args.entropy_filter != "auto":
         return args.entropy_filter
-    prompts = [format_prompt(tok, r["question"], example) for r in records[:args.ent_ini_prompts]]
+    recs = records[:args.ent_ini_prompts]
     if state.get("h_ini") is None:
-        h = steps.initial_entropy(model, tok, prompts, step_config(args, "off"))
-        state["h_ini"] = dist.mean({"h": h})["h"]
+        prompts = [format_prompt(tok, r["question"], example) for r in recs]
+        state["h_ini"] = dist.mean({"h": steps.initial_entropy(model, tok, prompts, step_config(args, "off"))})["h"]
     mode = "all" if state["h_ini"] < math.log(2) else "off"
-    log(f"<H>_ini = {state['h_ini']:.3f} over {len(prompts)} prompts "
+    log(f"<H>_ini = {state['h_ini']:.3f} over {len(recs)} prompts "
         f"{'<' if mode == 'all' else '>='} ln 2 -> entropy filter {mode} (Eq. 6)")
     return mode
 
@@ -248,7 +248,7 @@ def train(args, dist, stop):
     if cfg.method == "grpo" and cfg.beta > 0 and args.lora_rank == 0:   # no adapters to switch off
         import copy
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    policy = dist.wrap(PolicyPass(model)) if dist.world > 1 else model   # DDP: one forward per backward
+    policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     wandb = __import__("wandb") if args.report_to == "wandb" and dist.main else None
     if wandb:
         wandb.init(project="gtpo", config=vars(args), resume="allow")
