@@ -144,16 +144,18 @@ _ITEMS = ["apples", "books", "coins", "marbles", "pencils", "stickers", "shells"
 def arithmetic_task(split="train", n=None, seed=0):
     """Deterministic word problems with small numbers, e.g. "Ava has 7 apples. She buys 5
     more and gives 3 away. How many apples does Ava have now?" -> "9", with a worked
-    solution. train and test use disjoint seeds."""
+    solution. train and test use disjoint seeds. split "hard": the same four kinds with
+    larger numbers (a 21-99, b 2-25 instead of 2-20 and 2-12), an out-of-distribution test."""
     n = n if n is not None else {"train": 2000, "test": 200}.get(split, 200)
     rng = random.Random(f"arithmetic-{split}-{seed}")
     # other splits never repeat a question of the (default-size) train split
     exclude = set() if split == "train" else {r["question"] for r in arithmetic_task("train", seed=seed)}
+    (a_lo, a_hi), b_hi = ((21, 99), 25) if split == "hard" else ((2, 20), 12)
     out = []
     while len(out) < n:
         who, what = rng.choice(_NAMES), rng.choice(_ITEMS)
         kind = rng.randrange(4)
-        a, b = rng.randint(2, 20), rng.randint(2, 12)
+        a, b = rng.randint(a_lo, a_hi), rng.randint(2, b_hi)
         if kind == 0:
             c = rng.randint(1, a + b - 1)
             q = f"{who} has {a} {what}. {who} gets {b} more and then gives {c} away. How many {what} does {who} have now?"

@@ -149,13 +149,30 @@ def load_weights(model, path):
     from safetensors.torch import load_file
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
-        set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter_model.safetensors")))
+        loaded = set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter_model.safetensors")))
+        if loaded.unexpected_keys:                      # strict=False would load nothing, silently
+            raise RuntimeError(f"adapter weights for another model: {loaded.unexpected_keys[:2]}")
     else:
         from transformers.modeling_utils import load_sharded_checkpoint
         if os.path.exists(os.path.join(path, "model.safetensors")):
             model.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
         else:
             load_sharded_checkpoint(model, path)
+
+
+def load_start_weights(model, path):
+    """--init_from: another run's final/ or checkpoint-N/ weights as the starting point (SFT, then RL).
+    Refused with a fix when the folder holds no weights of this kind or they do not fit the model."""
+    lora = hasattr(model, "peft_config")
+    want = "adapter_model.safetensors" if lora else "config.json"
+    if not os.path.isfile(os.path.join(path, want)):
+        raise ConfigError(f"--init_from {path!r} holds no {want}: give a run's final/ or checkpoint-N/ folder "
+                          f"trained with {'LoRA' if lora else 'full fine-tuning'} (the same --lora_rank)")
+    try:
+        load_weights(model, path)
+    except RuntimeError as e:                           # shapes differ: another model or LoRA rank
+        raise ConfigError(f"--init_from {path!r} does not fit this model ({str(e).splitlines()[0][:160]} ...); "
+                          f"use a run of the same --model and --lora_rank") from None
 
 
 def rng_state(device):

@@ -22,8 +22,8 @@ import step as steps
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
 from models import ALIASES, ModelError, load_model
 from rollout import PolicyPass
-from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, prepare_output_dir, resume, rng_state,
-                  save_checkpoint, save_folder, weights_fingerprint, write_json)
+from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir,
+                  resume, rng_state, save_checkpoint, save_folder, weights_fingerprint, write_json)
 
 # -----------------------------------------------------------------------------
 # 1. config: the paper's Listing 1 are the defaults; the embedded model has a demo profile
@@ -53,6 +53,8 @@ def build_parser():
     a("--output_dir", default=None, help="where metrics, samples and checkpoints go (default runs/<method>-<model>-<dataset>)")
     a("--overwrite", action="store_true", help="reuse an output_dir that holds another run (its files are replaced)")
     a("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
+    a("--init_from", default=None, metavar="DIR",
+      help="start from another run's final/ or checkpoint-N/ weights (e.g. SFT, then RL); same --lora_rank")
     a("--seed", type=int, default=3407, help="random seed (Listing 1: 3407)")
     a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
     # data and sampling
@@ -230,6 +232,9 @@ def train(args, dist, stop):
     random.seed(args.seed + dist.rank)
     torch.manual_seed(args.seed)                        # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(args, dist, log)
+    if args.init_from:                                  # before resume: a checkpoint's weights win
+        load_start_weights(model, args.init_from)
+        log(f"weights from {args.init_from}")
     records, example = load_records(args, tok, log)
     steps_per_epoch = math.ceil(len(records) / (args.batch_size * dist.world))   # B prompts x W ranks a step
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch

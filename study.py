@@ -1,0 +1,392 @@
+"""The CPU-scale study: GTPO vs GRPO vs SFT and the paper's ablations (Sec. 4-5, Fig. 1, 2, 4, 5;
+App. 13, 14), on the embedded SmolLM2-135M and the built-in arithmetic task.
+
+RUNS below is the whole experiment, one line per configuration. Every seed first gets one SFT
+warm-up (WARMUP: the demo's 4 steps of 8 worked solutions); every run of that seed starts from it
+(train.py --init_from) with the same budget (COMMON: steps, prompts per step, G, tokens). Each
+finished run's final adapter is evaluated with eval.py on the arithmetic test split (in
+distribution) and the `hard` split (larger numbers: out of distribution, the role AIME plays in
+the paper), with the same n, k and sampling seed for all.
+
+Resumable at every level, any number of times: finished steps are skipped, an interrupted training
+continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
+whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save.
+
+    python study.py                                   # run or continue everything, then report
+    python study.py --shard 0/2 & python study.py --shard 1/2 & wait; python study.py --report
+                                                      # two workers, one thread each (1.5x throughput here)
+    python study.py --list                            # the table and how far each run is
+    python study.py --report                          # plots + summary from what has finished
+
+Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the summary is
+computed from is copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json and
+eval-<set>.json (eval.py's results.json). The report reads only those.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
+KEEP = os.path.join(HERE, "study")                     # small files, committed
+
+# -----------------------------------------------------------------------------
+# the run table
+
+COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
+          "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5"]
+WARMUP = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
+          "--max_steps", "4", "--save_steps", "4"]
+HOT = ["--lr", "1e-3"]                                  # the collapse setting: 5x the demo's learning rate
+EVALS = {"id": ["--dataset", "arithmetic", "--split", "test"],
+         "ood": ["--dataset", "arithmetic", "--split", "hard"]}
+EVAL_COMMON = ["--limit", "24", "--n_samples", "8", "--batch_size", "64", "--seed", "0",
+               "--max_completion_length", "96"]
+
+RUNS = [  # name              part        seeds      flags after COMMON        what it stands for
+    ("gtpo",            "main",     (1, 2, 3), ["--use_gtpo"]),                        # Eq. 5-8, paper defaults
+    ("grpo",            "main",     (1, 2, 3), ["--use_grpo"]),                        # Eq. 1, beta = 0
+    ("grpo-kl",         "main",     (1, 2, 3), ["--use_grpo", "--beta", "0.04"]),      # beta = 0.04
+    ("sft",             "main",     (1, 2, 3), ["--use_sft"]),                         # Listing 1: 1 prompt/step
+    ("gtpo-masks-only", "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "off",
+                                                "--ent_gamma", "0"]),                  # Fig. 5 "No <H>_i - No delta_i"
+    ("gtpo-no-delta",   "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "off"]),   # Fig. 4 "gamma 0.1, No delta_i"
+    ("gtpo-delta",      "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "all"]),   # Fig. 4, delta_i always on
+    ("gtpo-onlyneg",    "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "neg"]),   # App. 13
+    ("grpo-entropy",    "ablation", (1, 2),    ["--use_grpo", "--entropy_filter", "all",
+                                                "--ent_threshold", "1.05"]),           # App. 14, Fig. 10c
+    ("gtpo-hot",        "collapse", (1, 2),    ["--use_gtpo", *HOT]),                  # Sec. 4.2, Fig. 1
+    ("grpo-hot",        "collapse", (1, 2),    ["--use_grpo", *HOT]),
+    ("grpo-kl-hot",     "collapse", (1, 2),    ["--use_grpo", "--beta", "0.04", *HOT]),
+]
+LAST_N = 5                                              # the table's training columns: mean of the last N RL steps
+
+
+def jobs():
+    """(run id, flags, seed) in execution order: warm-ups first, then seed by seed, main part first."""
+    seeds = sorted({s for *_, ss, _ in RUNS for s in ss})
+    out = [(f"warmup-s{s}", WARMUP, s) for s in seeds]
+    for part in ("main", "ablation", "collapse"):
+        for s in seeds:
+            out += [(f"{name}-s{s}", COMMON + flags, s) for name, p, ss, flags in RUNS if p == part and s in ss]
+    return out
+
+
+# -----------------------------------------------------------------------------
+# running: one subprocess at a time per worker, each resumable
+
+class Stop(Exception):
+    pass
+
+
+def call(cmd, log_path, threads):
+    """Run cmd (its output appended to log_path) and return (exit code, seconds). A Ctrl-C or
+    SIGTERM to the study is passed on once; the child finishes its step and saves, then Stop."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    stopped = []
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        t0 = time.time()
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE,
+                                 start_new_session=True)        # our Ctrl-C reaches it once, through us
+        def forward(signum, frame):
+            stopped.append(signum)
+            child.send_signal(signal.SIGINT)
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            rc = child.wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+    if stopped:
+        raise Stop()
+    return rc, time.time() - t0
+
+
+def record_time(run_id, what, seconds, finished, shard):
+    """Append one attempt's wall time to study/<run>/times.json."""
+    import runs
+    path = os.path.join(KEEP, run_id, "times.json")
+    times = runs.read_json(path) if os.path.isfile(path) else {}
+    times.setdefault(what, []).append({"seconds": round(seconds, 1), "finished": finished, "workers": shard[1],
+                                       "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    runs.write_json(path, times)
+
+
+def train(run_id, flags, seed, shard, threads):
+    """Train one run to its final/ (resuming what is there); copy its small files to study/."""
+    out = os.path.join(WORK, run_id)
+    if os.path.isdir(os.path.join(out, "final")):
+        return out
+    argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
+    if not run_id.startswith("warmup"):
+        argv += ["--init_from", wait_for(os.path.join(WORK, f"warmup-s{seed}", "final"))]
+    if os.path.isfile(os.path.join(out, "config.json")):
+        argv.append("--resume")
+    os.makedirs(out, exist_ok=True)
+    print(f"[{shard[0]}/{shard[1]}] train {run_id}", flush=True)
+    rc, sec = call(argv, os.path.join(out, "train.log"), threads)
+    done = rc == 0 and os.path.isdir(os.path.join(out, "final"))
+    record_time(run_id, "train", sec, done, shard)
+    if not done:
+        raise SystemExit(f"training {run_id} failed (exit {rc}); see {os.path.join(out, 'train.log')}")
+    os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
+    for f in ("config.json", "metrics.jsonl"):
+        shutil.copyfile(os.path.join(out, f), os.path.join(KEEP, run_id, f))
+    return out
+
+
+def evaluate(run_id, out, shard, threads):
+    """eval.py on each set of EVALS (resuming what is there); results to study/<run>/eval-<set>.json."""
+    for name, flags in EVALS.items():
+        keep = os.path.join(KEEP, run_id, f"eval-{name}.json")
+        if os.path.isfile(keep):
+            continue
+        dest = os.path.join(out, f"eval-{name}")
+        argv = [sys.executable, "eval.py", "--adapter", os.path.join(out, "final"), *flags, *EVAL_COMMON,
+                "--output_dir", dest]
+        if os.path.isfile(os.path.join(dest, "samples.jsonl")):
+            argv.append("--resume")
+        print(f"[{shard[0]}/{shard[1]}] eval {run_id} {name}", flush=True)
+        rc, sec = call(argv, os.path.join(out, "eval.log"), threads)
+        done = rc == 0 and os.path.isfile(os.path.join(dest, "results.json"))
+        record_time(run_id, f"eval-{name}", sec, done, shard)
+        if not done:
+            raise SystemExit(f"evaluating {run_id} on {name} failed (exit {rc}); see {os.path.join(out, 'eval.log')}")
+        shutil.copyfile(os.path.join(dest, "results.json"), keep)
+
+
+def wait_for(path):
+    """A warm-up another worker is training: wait for its final/ folder."""
+    while not os.path.isdir(path):
+        print(f"waiting for {path}", flush=True)
+        time.sleep(30)
+    return path
+
+
+def run_all(shard):
+    k, n = shard
+    threads = max(1, (os.cpu_count() or 1) // n)
+    mine = [j for i, j in enumerate(jobs()) if i % n == k]
+    for run_id, flags, seed in mine:
+        out = train(run_id, flags, seed, shard, threads)
+        evaluate(run_id, out, shard, threads)
+
+
+def status():
+    for run_id, flags, seed in jobs():
+        keep, out = os.path.join(KEEP, run_id), os.path.join(WORK, run_id)
+        ckpts = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")) \
+            if os.path.isdir(out) else []
+        evals = [s for s in EVALS if os.path.isfile(os.path.join(keep, f"eval-{s}.json"))]
+        state = ("trained" if os.path.isdir(os.path.join(out, "final")) else
+                 f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else "to do")
+        print(f"{run_id:22s} {state:18s} evaluated: {', '.join(evals) or '-'}")
+
+
+# -----------------------------------------------------------------------------
+# the report: only from the committed files in study/
+
+def load(run_id):
+    """metrics rows (RL steps), eval results by set, times of one run; None if it has not finished."""
+    import runs
+    from data import read_jsonl
+    d = os.path.join(KEEP, run_id)
+    if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
+        return None
+    rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
+    evals = {s: runs.read_json(os.path.join(d, f"eval-{s}.json")) for s in EVALS
+             if os.path.isfile(os.path.join(d, f"eval-{s}.json"))}
+    times = runs.read_json(os.path.join(d, "times.json")) if os.path.isfile(os.path.join(d, "times.json")) else {}
+    return {"rl": [r for r in rows if r.get("phase") == "rl"], "all": rows, "evals": evals, "times": times}
+
+
+def mean_std(xs):
+    """(mean, sample std over seeds, n) of the values present."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs)
+
+
+def last_n(rows, key, scale=1.0):
+    vals = [r[key] for r in rows[-LAST_N:] if key in r]
+    return scale * statistics.fmean(vals) if vals else None
+
+
+COLUMNS = [  # label, function of one run's data -> number or None
+    ("format % (last 5)", lambda d: last_n(d["rl"], "rewards/format", 10.0)),
+    ("accuracy % (last 5)", lambda d: last_n(d["rl"], "rewards/accuracy", 10.0)),
+    ("entropy (last 5)", lambda d: last_n(d["rl"], "entropy")),
+    ("ID pass@1", lambda d: d["evals"].get("id", {}).get("pass@k", {}).get("1")),
+    ("ID pass@8", lambda d: d["evals"].get("id", {}).get("pass@k", {}).get("8")),
+    ("ID maj@8", lambda d: d["evals"].get("id", {}).get("maj@k", {}).get("8")),
+    ("OOD pass@1", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("1")),
+    ("OOD pass@8", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("8")),
+    ("OOD maj@8", lambda d: d["evals"].get("ood", {}).get("maj@k", {}).get("8")),
+    ("train min/run", lambda d: sum(t["seconds"] for t in d["times"].get("train", [])) / 60 or None),
+]
+
+
+def configs():
+    """(name, part, seeds) of the warm-up and every configuration of RUNS."""
+    seeds = tuple(sorted({s for *_, ss, _ in RUNS for s in ss}))
+    return [("warmup", "start", seeds)] + [(name, part, ss) for name, part, ss, _ in RUNS]
+
+
+def summarize():
+    """One row per configuration: mean, std and n over its finished seeds for every COLUMN."""
+    table = []
+    for name, part, seeds in configs():
+        data = [d for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
+        cells = {label: mean_std([f(d) for d in data]) for label, f in COLUMNS}
+        table.append({"config": name, "part": part, "seeds_done": len(data), "seeds": len(seeds), **cells})
+    return table
+
+
+def write_summary(table):
+    import runs
+    def cell(v, digits):
+        return "–" if v is None else f"{v[0]:.{digits}f} ± {v[1]:.{digits}f}" if v[2] > 1 else f"{v[0]:.{digits}f}"
+    digits = {"format": 1, "accuracy": 1, "entropy": 3, "train": 1}
+    head = ["config", "part", "seeds"] + [label for label, _ in COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        lines.append("| " + " | ".join([r["config"], r["part"], f"{r['seeds_done']}/{r['seeds']}"] +
+                                      [cell(r[label], digits.get(label.split()[0], 3)) for label, _ in COLUMNS]) + " |")
+    total = sum(t["seconds"] for name, _, seeds in configs() for s in seeds
+                for d in [load(f"{name}-s{s}")] if d for ts in d["times"].values() for t in ts)
+    lines.append(f"\nmean ± sample std over the finished seeds; training columns: mean of the last {LAST_N} RL steps "
+                 f"(format and accuracy as % of their 10 points); wall time of all finished runs and evaluations "
+                 f"so far: {total / 3600:.2f} h (see each run's times.json for the worker count).")
+    runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
+    runs.write_json(os.path.join(KEEP, "summary.json"), table)
+    print("\n".join(lines))
+
+
+def band(ax, runs_rows, key, scale, color, label, smooth=5):
+    """Mean over seeds (trailing moving average of `smooth` steps) and the min-max band of the seeds."""
+    curves = []
+    for rows in runs_rows:
+        y = [(r["step"], scale * r[key]) for r in rows if key in r]
+        if y:
+            steps, vals = zip(*y)
+            curves.append((steps, [statistics.fmean(vals[max(0, i - smooth + 1):i + 1]) for i in range(len(vals))]))
+    if not curves:
+        return
+    n = min(len(c[1]) for c in curves)
+    x = curves[0][0][:n]
+    per_step = list(zip(*[c[1][:n] for c in curves]))
+    ax.plot(x, [statistics.fmean(v) for v in per_step], color=color, lw=1.6, label=f"{label} ({len(curves)} seeds)")
+    if len(curves) > 1:
+        ax.fill_between(x, [min(v) for v in per_step], [max(v) for v in per_step], color=color, alpha=0.15, lw=0)
+
+
+PANELS = [("rewards/format", 10.0, "formatting (% of 10)"), ("rewards/accuracy", 10.0, "accuracy (% of 10)"),
+          ("entropy", 1.0, "mean token entropy <H> (nats)"), ("gtpo/conflict_frac", 1.0, "conflict tokens / tokens"),
+          ("kl", 1.0, "KL to reference")]
+
+
+def plot_curves(names, title, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
+    for i, name in enumerate(names):
+        seeds = next(ss for n, _, ss in configs() if n == name)
+        rows = [d["rl"] for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
+        for ax, (key, scale, _) in zip(axes, PANELS):
+            band(ax, rows, key, scale, f"C{i}", name)
+    for ax, (key, _, ylabel) in zip(axes, PANELS):
+        ax.set_xlabel("optimizer step (after the shared SFT warm-up)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if key == "entropy":
+            ax.axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (Eq. 6)")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    axes[0].legend(fontsize=7, loc="lower right")
+    axes[2].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"{title}: mean of seeds (5-step trailing average), band = min-max over seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_passk(path):
+    """pass@k (solid, circles) and maj@k (dashed, squares), mean over seeds with the min-max band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(EVALS), figsize=(6 * len(EVALS), 4))
+    for ax, (set_name, flags) in zip(axes, EVALS.items()):
+        for i, (name, _, seeds) in enumerate(c for c in configs() if c[1] in ("start", "main")):
+            res = [d["evals"][set_name] for d in (load(f"{name}-s{s}") for s in seeds) if d and set_name in d["evals"]]
+            if not res:
+                continue
+            ks = sorted(int(k) for k in res[0]["pass@k"])
+            for key, style in (("pass@k", "o-"), ("maj@k", "s--")):
+                vals = [[r[key][str(k)] for r in res] for k in ks]
+                ax.plot(ks, [statistics.fmean(v) for v in vals], style, color=f"C{i}", ms=4,
+                        label=f"{name} {key.split('@')[0]}@k ({len(res)} seeds)")
+                if len(res) > 1:
+                    ax.fill_between(ks, [min(v) for v in vals], [max(v) for v in vals], color=f"C{i}", alpha=0.1, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k")
+        ax.set_ylabel("fraction of problems")
+        ax.set_title(f"{set_name}: arithmetic {flags[-1]} split, n = {EVAL_COMMON[3]} samples per problem", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report():
+    table = summarize()
+    write_summary(table)
+    parts = {p: [n for n, q, _ in configs() if q == p] for p in ("main", "ablation", "collapse")}
+    plot_curves([n for n in parts["main"] if n != "sft"], "Main comparison (SFT has no sampled rewards)",
+                os.path.join(KEEP, "curves-main.png"))
+    plot_curves(["gtpo"] + parts["ablation"], "Ablations (GTPO paper defaults for reference)",
+                os.path.join(KEEP, "curves-ablation.png"))
+    plot_curves(parts["collapse"], "Collapse setting: learning rate 1e-3", os.path.join(KEEP, "curves-collapse.png"))
+    plot_passk(os.path.join(KEEP, "passk.png"))
+    print(f"wrote {KEEP}/summary.md, summary.json, curves-main.png, curves-ablation.png, curves-collapse.png, passk.png")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shard", default="0/1", metavar="K/N", help="run jobs K, K+N, K+2N, ... (N workers)")
+    p.add_argument("--list", action="store_true", help="the run table and the state of each run")
+    p.add_argument("--report", action="store_true", help="only the plots and summary, from study/")
+    args = p.parse_args(argv)
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+        assert 0 <= k < n
+    except (ValueError, AssertionError):
+        p.error(f"--shard {args.shard!r}: give K/N with 0 <= K < N, e.g. 0/2")
+    if args.list:
+        return status()
+    if not args.report:
+        try:
+            run_all((k, n))
+        except Stop:
+            print("stopped: the running step saved what it had; run the same command again to continue")
+            return 0
+        if n > 1:
+            return 0                                    # the report once all workers are done: --report
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
