@@ -268,7 +268,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
     torch.manual_seed(0)
     model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt, _ = train.make_optimizer(a, params, 1000)
+    opt, _ = train.make_optimizer(a, params, 1000, args.device, log=lambda *x: None)
     prompt, answer = bench_prompt(tok, prompt_tokens)
     P = len(tok(prompt, add_special_tokens=False)["input_ids"])
     times = {name: [] for name in names}

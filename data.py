@@ -193,6 +193,23 @@ def _from_hub(name, split):
     return rows
 
 
+def hub_unreachable(timeout=3.0):
+    """Why the Hugging Face Hub cannot be reached, or None. One plain TCP connection, so an offline
+    machine fails in seconds instead of after ~40 s of retries. Not checked (None) when
+    HF_HUB_OFFLINE is set (the libraries then use their cache at once) or behind an HTTPS proxy."""
+    import socket
+    from urllib.parse import urlparse
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
+            os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError as e:
+        return f"{url.hostname}:{url.port or url.scheme} unreachable: {e}"
+    return None
+
+
 def load_task(name, split="train", data_dir=None):
     """Records {"question", "answer", "solution"} of dataset `name` and `split`.
 
@@ -209,11 +226,17 @@ def load_task(name, split="train", data_dir=None):
     if name not in HUB:
         raise DataError(f"unknown dataset {name!r}: use one of {TASKS} or a path to a .jsonl file")
     data_dir = data_dir or os.environ.get("GTPO_DATA_DIR")
+    if data_dir and not os.path.isdir(data_dir):
+        raise DataError(f"data folder {data_dir!r} (--data_dir or $GTPO_DATA_DIR) does not exist; give the folder "
+                        f"that holds <dataset>/<split>.jsonl, e.g. ../shared/data")
     if data_dir:
         path = os.path.join(data_dir, name, f"{split}.jsonl")
         if os.path.isfile(path):
             return _records(read_jsonl(path), path, name)
     try:
+        why = hub_unreachable()
+        if why:
+            raise ConnectionError(why)
         rows = _from_hub(name, split)
     except Exception as e:  # offline, missing split, no `datasets` ...: one actionable message
         where = f"{os.path.join(data_dir, name, split + '.jsonl')} does not exist and " if data_dir else ""

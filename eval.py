@@ -189,18 +189,23 @@ def plot_passk(results, out_png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(6, 4))
+    top = 0.0
     for i, (label, res) in enumerate(results):
         ks = sorted(int(k) for k in res["pass@k"])
         col = f"C{i % 10}"
-        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, label=f"{label} pass@k")
-        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, label=f"{label} maj@k")
+        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, ms=4, label=f"{label} pass@k")
+        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, ms=8, mfc="none",   # hollow: visible
+                label=f"{label} maj@k")                                                      # where they coincide
+        top = max(top, *res["pass@k"].values(), *res["maj@k"].values())
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())          # 1 2 4 8, not 2^0 2^1 ...
     ax.set_title(", ".join(sorted({f"{r.get('dataset', '?')} (n={r.get('n_samples', '?')})" for _, r in results})),
                  fontsize=9)
     ax.set_xlabel("k")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
+    ax.set_ylabel("fraction of problems solved")
+    ax.set_ylim(0, min(1.0, 1.15 * top + 0.02))                  # low scores stay readable
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -208,8 +213,10 @@ def plot_passk(results, out_png):
     plt.close(fig)
 
 
-CURVE_KEYS = ["reward", "rewards/format", "rewards/accuracy", "entropy", "kl", "gtpo/conflict_frac",
-              "completions/mean_length", "loss"]
+CURVE_KEYS = {"reward": "total reward (0-20)", "rewards/format": "formatting reward (0-10)",
+              "rewards/accuracy": "correctness reward (0-10)", "entropy": "mean token entropy (nats)",
+              "kl": "KL to reference", "gtpo/conflict_frac": "conflict tokens / tokens",
+              "completions/mean_length": "completion length (tokens)", "loss": "loss"}
 
 
 def read_rows(path):
@@ -227,7 +234,7 @@ def plot_curves(metric_files, out_png, smooth=5):
              [r for r in read_rows(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
     keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
     if not keys:
-        raise DataError(f"no RL-step metrics ({', '.join(CURVE_KEYS[:3])}, ...) in {', '.join(metric_files)}")
+        raise DataError(f"no RL-step metrics ({', '.join(list(CURVE_KEYS)[:3])}, ...) in {', '.join(metric_files)}")
     cols = 2
     fig, axes = plt.subplots(math.ceil(len(keys) / cols), cols, figsize=(10, 2.6 * math.ceil(len(keys) / cols)),
                              squeeze=False)
@@ -246,13 +253,18 @@ def plot_curves(metric_files, out_png, smooth=5):
             else:
                 ax.lines[-1].set_label(name)
         ax.set_title(key, fontsize=9)
+        ax.set_ylabel(CURVE_KEYS[key], fontsize=8)
+        ax.set_xlabel("optimizer step", fontsize=8)
         ax.grid(alpha=0.3)
+        if key == "entropy":
+            ax.axhline(math.log(2), color="k", ls=":", lw=1)
     for ax in axes.flat[len(keys):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("step")
-    fig.tight_layout()
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
+    fig.suptitle("RL steps; thin: each step, thick: trailing mean of the last "
+                 f"{smooth} steps; dotted: ln 2 (Eq. 6)" if smooth > 1 else "RL steps; dotted: ln 2 (Eq. 6)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
 

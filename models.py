@@ -1,11 +1,18 @@
 """Model loading: aliases, the embedded offline model, 4-bit (CUDA), LoRA (App. 16.2, Listing 1)."""
 import importlib.util
+import logging
 import os
 import re
 import shutil
 import warnings
 
 import torch
+
+from data import hub_unreachable
+
+# bitsandbytes' CPU backend warns at import that the optional `kernels` package (a faster 4-bit CPU
+# matmul fetched from the Hub) is missing; its own fallback kernel is what runs, so say nothing.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 # alias -> (Hub id or "embedded", LoRA rank of Listing 1)
 ALIASES = {
@@ -57,7 +64,7 @@ def resolve(name):
     """Alias, local folder or Hub id -> (path or id, default LoRA rank)."""
     if name in ALIASES:
         where, rank = ALIASES[name]
-        return (embedded_model_dir() if where == "embedded" else where), rank
+        return (embedded_model_dir() if where == "embedded" else hub_or_cache(where)), rank
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelError(f"model folder {name!r} has no config.json; give a transformers model folder")
@@ -65,7 +72,22 @@ def resolve(name):
     if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         raise ModelError(f"unknown model {name!r}: use an alias ({', '.join(ALIASES)}), "
                          f"a local transformers folder, or a Hub id such as Qwen/Qwen2.5-3B-Instruct")
-    return name, 64
+    return hub_or_cache(name), 64
+
+
+def hub_or_cache(repo):
+    """A Hub id when the Hub answers; else its local copy in the Hugging Face cache; else a clear
+    error at once (instead of ~40 s of connection retries)."""
+    why = hub_unreachable()
+    if why is None:
+        return repo
+    from huggingface_hub import try_to_load_from_cache
+    cached = try_to_load_from_cache(repo, "config.json")
+    if isinstance(cached, str):
+        return os.path.dirname(cached)
+    raise ModelError(f"model {repo!r} is not in the local Hugging Face cache and the Hub cannot be reached "
+                     f"({why}). Download it on a machine with network access (huggingface-cli download {repo}) "
+                     f"and copy the folder here, then pass it with --model FOLDER")
 
 
 def load_tokenizer(path):

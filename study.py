@@ -87,8 +87,8 @@ class Stop(Exception):
 
 
 def call(cmd, log_path, threads):
-    """Run cmd (its output appended to log_path) and return (exit code, seconds). A Ctrl-C or
-    SIGTERM to the study is passed on once; the child finishes its step and saves, then Stop."""
+    """Run cmd (its output appended to log_path) -> (exit code, seconds, stopped). A Ctrl-C or
+    SIGTERM to the study is passed on once: the child finishes its step and saves."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     stopped = []
     with open(log_path, "a") as log:
@@ -106,14 +106,13 @@ def call(cmd, log_path, threads):
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-    if stopped:
-        raise Stop()
-    return rc, time.time() - t0
+    return rc, time.time() - t0, bool(stopped)
 
 
 def record_time(run_id, what, seconds, finished, shard):
     """Append one attempt's wall time to study/<run>/times.json."""
     import runs
+    os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
     path = os.path.join(KEEP, run_id, "times.json")
     times = runs.read_json(path) if os.path.isfile(path) else {}
     times.setdefault(what, []).append({"seconds": round(seconds, 1), "finished": finished, "workers": shard[1],
@@ -124,20 +123,21 @@ def record_time(run_id, what, seconds, finished, shard):
 def train(run_id, flags, seed, shard, threads):
     """Train one run to its final/ (resuming what is there); copy its small files to study/."""
     out = os.path.join(WORK, run_id)
-    if os.path.isdir(os.path.join(out, "final")):
-        return out
-    argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
-    if not run_id.startswith("warmup"):
-        argv += ["--init_from", wait_for(os.path.join(WORK, f"warmup-s{seed}", "final"))]
-    if os.path.isfile(os.path.join(out, "config.json")):
-        argv.append("--resume")
-    os.makedirs(out, exist_ok=True)
-    print(f"[{shard[0]}/{shard[1]}] train {run_id}", flush=True)
-    rc, sec = call(argv, os.path.join(out, "train.log"), threads)
-    done = rc == 0 and os.path.isdir(os.path.join(out, "final"))
-    record_time(run_id, "train", sec, done, shard)
-    if not done:
-        raise SystemExit(f"training {run_id} failed (exit {rc}); see {os.path.join(out, 'train.log')}")
+    if not os.path.isdir(os.path.join(out, "final")):
+        argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
+        if not run_id.startswith("warmup"):
+            argv += ["--init_from", wait_for(os.path.join(WORK, f"warmup-s{seed}", "final"))]
+        if os.path.isfile(os.path.join(out, "config.json")):
+            argv.append("--resume")
+        os.makedirs(out, exist_ok=True)
+        print(f"[{shard[0]}/{shard[1]}] train {run_id}", flush=True)
+        rc, sec, stopped = call(argv, os.path.join(out, "train.log"), threads)
+        done = rc == 0 and os.path.isdir(os.path.join(out, "final"))
+        record_time(run_id, "train", sec, done, shard)
+        if stopped:
+            raise Stop()
+        if not done:
+            raise SystemExit(f"training {run_id} failed (exit {rc}); see {os.path.join(out, 'train.log')}")
     os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
     for f in ("config.json", "metrics.jsonl"):
         shutil.copyfile(os.path.join(out, f), os.path.join(KEEP, run_id, f))
@@ -156,9 +156,11 @@ def evaluate(run_id, out, shard, threads):
         if os.path.isfile(os.path.join(dest, "samples.jsonl")):
             argv.append("--resume")
         print(f"[{shard[0]}/{shard[1]}] eval {run_id} {name}", flush=True)
-        rc, sec = call(argv, os.path.join(out, "eval.log"), threads)
+        rc, sec, stopped = call(argv, os.path.join(out, "eval.log"), threads)
         done = rc == 0 and os.path.isfile(os.path.join(dest, "results.json"))
         record_time(run_id, f"eval-{name}", sec, done, shard)
+        if stopped:
+            raise Stop()
         if not done:
             raise SystemExit(f"evaluating {run_id} on {name} failed (exit {rc}); see {os.path.join(out, 'eval.log')}")
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
@@ -313,8 +315,9 @@ def plot_curves(names, title, path):
             ax.axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (Eq. 6)")
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-    axes[0].legend(fontsize=7, loc="lower right")
-    axes[2].legend(fontsize=7, loc="upper right")
+    for ax, loc in ((axes[0], "lower right"), (axes[2], "upper right")):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc=loc)
     fig.suptitle(f"{title}: mean of seeds (5-step trailing average), band = min-max over seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -326,6 +329,7 @@ def plot_passk(path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, axes = plt.subplots(1, len(EVALS), figsize=(6 * len(EVALS), 4))
     for ax, (set_name, flags) in zip(axes, EVALS.items()):
         for i, (name, _, seeds) in enumerate(c for c in configs() if c[1] in ("start", "main")):
@@ -340,11 +344,13 @@ def plot_passk(path):
                 if len(res) > 1:
                     ax.fill_between(ks, [min(v) for v in vals], [max(v) for v in vals], color=f"C{i}", alpha=0.1, lw=0)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("k")
         ax.set_ylabel("fraction of problems")
         ax.set_title(f"{set_name}: arithmetic {flags[-1]} split, n = {EVAL_COMMON[3]} samples per problem", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

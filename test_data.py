@@ -72,6 +72,22 @@ def test_arithmetic_task_is_deterministic_and_correct():
         assert eval(f"{x}{op}{y}") == int(z) and z == r["answer"]
 
 
+def test_hard_arithmetic_split_has_larger_numbers():
+    hard, train = arithmetic_task("hard"), arithmetic_task("train")
+    assert hard == arithmetic_task("hard") and len(hard) == 200
+    assert not {r["question"] for r in hard} & {r["question"] for r in train}
+    first = [int(re.findall(r"\d+", r["question"])[0]) for r in hard]   # a, or a * b in the sharing kind
+    assert min(first) > 20 and max(int(r["answer"]) for r in hard) > max(int(r["answer"]) for r in train)
+    for r in hard:
+        x, op, y, z = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", r["solution"])[-1]
+        assert eval(f"{x}{op}{y}") == int(z) and z == r["answer"]
+
+
+def test_missing_data_dir_is_refused(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_task("gsm8k", "train", data_dir=str(tmp_path / "typo"))
+
+
 def test_prompt_and_sft_target_format():
     assert SYSTEM_PROMPT.startswith("You are a helpful assistant for solving math problems.")
     msgs = build_messages("What is 2+2?")

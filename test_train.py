@@ -116,6 +116,9 @@ def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--dataset", "gsm9k"], "unknown dataset 'gsm9k'"),
     (["--resume"], "no run in"),
+    (["--max_steps", "0"], "--max_steps 0: give a number of optimizer steps >= 1"),
+    (["--data_dir", "/no/such/dir"], "data folder '/no/such/dir'"),
+    (["--init_from", "/no/such/dir"], "--init_from '/no/such/dir' holds no adapter_model.safetensors"),
 ])
 def test_bad_flags_fail_with_a_clear_message(tmp_path, train_cli, args, msg):
     r = train_cli("--output_dir", str(tmp_path / "x"), *args)
@@ -127,9 +130,51 @@ def test_contradictory_methods_are_refused(train_cli):
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-def test_help_explains_batch_size(train_cli):
+def test_help_shows_the_real_defaults(train_cli):
     r = train_cli("--help")
     assert r.returncode == 0 and "PROMPTS per optimizer step" in r.stdout
+    text = " ".join(r.stdout.split())                                 # argparse wraps lines
+    assert "learning rate [default 0.0002 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
+    assert "math500" in text and "aime24" in text                     # every dataset
+    assert "--epochs 3 \\ --batch_size 2" in text                     # the example keeps its continuation
+
+
+def test_unreachable_hub_fails_fast(monkeypatch):
+    """No network: a Hub dataset or model fails in seconds with the fix, not after ~40 s of retries."""
+    import time
+    from data import DataError, load_task
+    from models import ModelError, resolve
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    monkeypatch.delenv("GTPO_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")           # a closed local port
+    t0 = time.time()
+    with pytest.raises(DataError, match="unreachable.*--data_dir DIR"):
+        load_task("gsm8k", "train")
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache and the Hub cannot be reached"):
+        resolve("no-org/no-such-model-xyz")
+    assert time.time() - t0 < 10
+
+
+def test_init_from_starts_from_another_runs_weights(tmp_path, tiny_lm):
+    """--init_from (SFT, then RL): the adapter of another run is loaded exactly; a folder of another
+    LoRA rank or without weights is refused with the fix."""
+    from peft import LoraConfig, get_peft_model
+    from runs import ConfigError, load_start_weights
+    donor = tiny_lm(lora=True)
+    donor.save_pretrained(tmp_path / "final")
+    torch.manual_seed(1)
+    model = tiny_lm(lora=True)                                        # other B matrices
+    lora = lambda m: {n: p for n, p in m.named_parameters() if "lora_" in n}
+    assert any(not torch.equal(p, lora(donor)[n]) for n, p in lora(model).items())
+    load_start_weights(model, str(tmp_path / "final"))
+    assert all(torch.equal(p, lora(donor)[n]) for n, p in lora(model).items())
+    other = get_peft_model(tiny_lm(), LoraConfig(r=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    with pytest.raises(ConfigError, match="does not fit this model"):
+        load_start_weights(other, str(tmp_path / "final"))
+    with pytest.raises(ConfigError, match="holds no adapter_model.safetensors"):
+        load_start_weights(model, str(tmp_path))
 
 
 # -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Train with GTPO, GRPO or SFT (arXiv 2508.03772). Reads top to bottom:
+r"""Train with GTPO, GRPO or SFT (arXiv 2508.03772). Reads top to bottom:
 
 config -> setup (model, data, optimizer, resume, <H>_ini) -> loop:
     step.rl_step: rollout (no grad) -> rewards -> advantages -> conflict weights -> entropy gate
@@ -19,7 +19,7 @@ import time
 import torch
 
 import step as steps
-from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
+from data import TASKS, DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
 from models import ALIASES, ModelError, load_model
 from rollout import PolicyPass
 from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir,
@@ -37,18 +37,27 @@ PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=5
                                  max_completion_length=96, warmup_ratio=0.05, save_steps=20,
                                  ent_ini_prompts=16, one_shot=True, sft_warmup_steps=4, max_steps=36,
                                  micro_batch_size=4)}     # 4 completions per backward: peak RSS < 3 GB
+BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Listing 1
+
+
+def default_help(key):
+    """The default of a flag that PAPER / PROFILES set, as --help shows it."""
+    demo = PROFILES["smollm2-135m"].get(key, PAPER[key])
+    if demo == PAPER[key]:
+        return f" [default {PAPER[key]}, paper]"
+    return f" [default {demo} with smollm2-135m (demo profile), else {PAPER[key]} (paper)]"
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = p.add_argument
+    a, d = p.add_argument, default_help
     m = p.add_mutually_exclusive_group()
     m.add_argument("--use_gtpo", action="store_true", help="train with GTPO (default)")
     m.add_argument("--use_grpo", action="store_true", help="train with the GRPO baseline (Eq. 1)")
     m.add_argument("--use_sft", action="store_true", help="supervised fine-tuning on the worked solutions")
     a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
-    a("--dataset", default="arithmetic", help="gsm8k, math, arithmetic (built-in), or a .jsonl path")
+    a("--dataset", default="arithmetic", help=f"{', '.join(TASKS)} (built-in), or a .jsonl path")
     a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl (default $GTPO_DATA_DIR, then the Hub)")
     a("--output_dir", default=None, help="where metrics, samples and checkpoints go (default runs/<method>-<model>-<dataset>)")
     a("--overwrite", action="store_true", help="reuse an output_dir that holds another run (its files are replaced)")
@@ -59,34 +68,34 @@ def build_parser():
     a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
     # data and sampling
     a("--batch_size", type=int, default=1, help="PROMPTS per optimizer step; each gets --generation_size completions")
-    a("--generation_size", type=int, default=None, help="G, completions per prompt (paper: 8 or 12)")
-    a("--micro_batch_size", type=int, default=None, help="completions per forward/backward (0 = all at once)")
+    a("--generation_size", type=int, default=None, help="G, completions per prompt" + d("generation_size"))
+    a("--micro_batch_size", type=int, default=None, help="completions per forward/backward, 0 = all" + d("micro_batch_size"))
     a("--logprob_chunk", type=int, default=256,
       help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
     on = dict(action=argparse.BooleanOptionalAction, default=True)
     a("--share_prompt", **on, help="each prompt computed once per group (rollout, policy pass); off with checkpointing")
     a("--merge_lora", **on, help="sample with LoRA merged into copies of the base weights (base untouched)")
     a("--epochs", type=int, default=1, help="passes over the training prompts (Listing 1: 1)")
-    a("--max_steps", type=int, default=None, help="stop after this many optimizer steps (-1 = epochs decide)")
-    a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)")
-    a("--max_completion_length", type=int, default=None, help="max new tokens per completion")
+    a("--max_steps", type=int, default=None, help="optimizer steps, -1 = --epochs decide" + d("max_steps"))
+    a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)" + d("max_prompt_length"))
+    a("--max_completion_length", type=int, default=None, help="max new tokens per completion" + d("max_completion_length"))
     a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
     a("--one_shot", action=argparse.BooleanOptionalAction, default=None,
-      help="show one worked example (in the tag format) before the question")
+      help="show one worked example (tag format) before the question" + d("one_shot"))
     # optimisation
     a("--optimizer", choices=["adam", "adamw_torch"], default="adam",
-      help="adam = bitsandbytes PagedAdamW8bit (Listing 1); adamw_torch = torch.optim.AdamW")
-    a("--lr", type=float, default=None, help="learning rate (paper: 1e-6)")
+      help="adam = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1); adamw_torch = torch.optim.AdamW")
+    a("--lr", type=float, default=None, help="learning rate" + d("lr"))
     a("--adam_beta1", type=float, default=None, help="Adam beta1 (GTPO 0.999999; GRPO/SFT 0.9)")
     a("--adam_beta2", type=float, default=None, help="Adam beta2 (GTPO 0.999999; GRPO/SFT 0.95)")
     a("--weight_decay", type=float, default=0.1, help="AdamW weight decay (Listing 1: 0.1)")
-    a("--warmup_ratio", type=float, default=None, help="linear warm-up fraction of a cosine schedule (paper: 0.005)")
+    a("--warmup_ratio", type=float, default=None, help="linear warm-up fraction of a cosine schedule" + d("warmup_ratio"))
     a("--max_grad_norm", type=float, default=0.1, help="gradient clipping norm (Listing 1: 0.1)")
     a("--lora_rank", type=int, default=None, help="LoRA rank on q,k,v,o,gate,up,down (Llama 128, Qwen 64); 0 = full fine-tuning")
-    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None, help="4-bit NF4 weights (CUDA only)")
+    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None, help="4-bit NF4 weights (CUDA only)" + d("load_in_4bit"))
     a("--gradient_checkpointing", action="store_true", help="trade compute for activation memory")
     a("--sft_warmup_steps", type=int, default=None,
-      help="SFT steps (batch_size x G worked solutions each) before RL (0 = none)")
+      help="SFT steps (batch_size x G worked solutions each) before RL" + d("sft_warmup_steps"))
     # GRPO
     a("--beta", type=float, default=0.0, help="GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off")
     a("--clip_eps", type=float, default=0.2, help="GRPO PPO clip range")
@@ -100,11 +109,11 @@ def build_parser():
     a("--entropy_filter", choices=["auto", "all", "neg", "off"], default="auto",
       help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off. GRPO: auto = off; "
            "all/neg add the filter and -gamma <H>_i to GRPO (App. 14)")
-    a("--ent_ini_prompts", type=int, default=None, help="training prompts used to measure <H>_ini (paper: 100)")
+    a("--ent_ini_prompts", type=int, default=None, help="training prompts used to measure <H>_ini" + d("ent_ini_prompts"))
     a("--scale_rewards", action=argparse.BooleanOptionalAction, default=True,
       help="divide advantages by the group std (Eq. 8); --no-scale_rewards = released code")
     # logging
-    a("--save_steps", type=int, default=None, help="checkpoint every N steps (Listing 1: 500)")
+    a("--save_steps", type=int, default=None, help="checkpoint every N steps" + d("save_steps"))
     a("--sample_every", type=int, default=10, help="write a few completions to samples.jsonl every N steps")
     a("--report_to", choices=["none", "wandb"], default="none", help="also log to Weights & Biases")
     return p
@@ -127,6 +136,13 @@ def parse_args(argv=None):
                           f"a group and need G >= 2 (the paper uses 8 or 12); for one sample per prompt use --use_sft")
     if args.batch_size < 1:
         raise ConfigError("--batch_size must be >= 1 (prompts per optimizer step)")
+    if args.data_dir and not os.path.isdir(args.data_dir):
+        raise ConfigError(f"data folder {args.data_dir!r} (--data_dir) does not exist; give the folder that holds "
+                          f"<dataset>/<split>.jsonl, e.g. ../shared/data")
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ConfigError(f"--max_steps {args.max_steps}: give a number of optimizer steps >= 1, "
+                          f"or -1 to let --epochs decide")
+    args.use_gtpo, args.use_grpo, args.use_sft = (args.method == m for m in ("gtpo", "grpo", "sft"))  # what runs
     if args.gradient_checkpointing and args.share_prompt:
         args.share_prompt = False                       # checkpointed layers cannot keep a KV cache
     if args.output_dir is None:
@@ -148,7 +164,7 @@ def setup_model(args, dist, log):
     """Model (LoRA, 4-bit where asked) and tokenizer; records the LoRA rank actually used."""
     model, tok, info = load_model(args.model, lora_rank=args.lora_rank, load_in_4bit=args.load_in_4bit,
                                   device=dist.device, gradient_checkpointing=args.gradient_checkpointing, log=log)
-    args.lora_rank = info["lora_rank"]
+    args.lora_rank, args.load_in_4bit = info["lora_rank"], info["quantized_4bit"]     # what actually loaded
     log(f"model {args.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
         f"LoRA rank {args.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {dist.device}"
         + (f", {dist.world} ranks" if dist.world > 1 else ""))
@@ -170,13 +186,16 @@ def load_records(args, tok, log):
     return records, example
 
 
-def make_optimizer(args, params, total_steps):
+def make_optimizer(args, params, total_steps, device, log=print):
     """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW, cosine with warm-up."""
     from transformers import get_cosine_schedule_with_warmup
     kw = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
     if args.optimizer == "adam":
         import bitsandbytes as bnb
-        optimizer = bnb.optim.PagedAdamW8bit(params, **kw)
+        paged = str(device).startswith("cuda")          # paging moves optimizer state to CPU RAM: CUDA only
+        optimizer = (bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit)(params, **kw)
+        if not paged:
+            log("optimizer: bitsandbytes AdamW8bit, not paged (paging is for CUDA memory; same update)")
     else:
         optimizer = torch.optim.AdamW(params, **kw)
     return optimizer, get_cosine_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total_steps),
@@ -239,7 +258,7 @@ def train(args, dist, stop):
     steps_per_epoch = math.ceil(len(records) / (args.batch_size * dist.world))   # B prompts x W ranks a step
     total_steps = args.max_steps if args.max_steps > 0 else args.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(args, params, total_steps)
+    optimizer, scheduler = make_optimizer(args, params, total_steps, dist.device, log)
     state = resume(args.output_dir, model, optimizer, scheduler, dist, log) if args.resume else {"step": 0}
     if state.get("checkpoint"):
         log(f"resumed from {state['checkpoint']} at step {state['step']}")
@@ -265,6 +284,8 @@ def train(args, dist, stop):
     model.train()
     try:
         for step in bar:
+            bar.set_description("sft warm-up" if args.method != "sft" and step < args.sft_warmup_steps else args.method,
+                                refresh=False)
             t0, clock = time.time(), steps.Clock(dist.device)
             m = run_step(args, cfg, step, steps_per_epoch, records, example, model, policy, ref_model, tok,
                          dist, clock, metrics, total_steps)
@@ -284,7 +305,7 @@ def train(args, dist, stop):
             metrics.write(m)
             if wandb:
                 wandb.log(m, step=step + 1)
-            bar.set_postfix({k: round(m[k], 3) for k in ("reward", "rewards/format", "entropy", "loss") if k in m})
+            bar.set_postfix({short: round(m[k], 3) for k, short in BAR.items() if k in m})
             if nonfinite_run >= 5:
                 raise FloatingPointError(f"{nonfinite_run} consecutive steps had a non-finite loss or gradient "
                                          f"(last at step {step + 1}); lower --lr or check the data. "
