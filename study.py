@@ -47,7 +47,7 @@ WARMUP = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--
 HOT = ["--lr", "1e-3"]                                  # the collapse setting: 5x the demo's learning rate
 EVALS = {"id": ["--dataset", "arithmetic", "--split", "test"],
          "ood": ["--dataset", "arithmetic", "--split", "hard"]}
-EVAL_COMMON = ["--limit", "24", "--n_samples", "8", "--batch_size", "64", "--seed", "0",
+EVAL_COMMON = ["--limit", "16", "--n_samples", "8", "--batch_size", "64", "--seed", "0",
                "--max_completion_length", "96"]
 
 RUNS = [  # name              part        seeds      flags after COMMON        what it stands for
@@ -88,7 +88,8 @@ class Stop(Exception):
 
 def call(cmd, log_path, threads):
     """Run cmd (its output appended to log_path) -> (exit code, seconds, stopped). A Ctrl-C or
-    SIGTERM to the study is passed on once: the child finishes its step and saves."""
+    SIGTERM to the study is passed on once, as SIGTERM (a shell's background jobs ignore SIGINT):
+    train.py finishes its step and saves; eval.py stops and later resumes from its samples."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     stopped = []
     with open(log_path, "a") as log:
@@ -99,7 +100,7 @@ def call(cmd, log_path, threads):
                                  start_new_session=True)        # our Ctrl-C reaches it once, through us
         def forward(signum, frame):
             stopped.append(signum)
-            child.send_signal(signal.SIGINT)
+            child.send_signal(signal.SIGTERM)           # train.py saves; eval.py resumes from its samples
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             rc = child.wait()
