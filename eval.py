@@ -25,7 +25,7 @@ import torch
 
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
-from models import ModelError, load_model
+from models import ModelError, load_model, pick_dtype
 from rewards import answers_equal, extract_answer, score
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
@@ -272,17 +272,18 @@ def plot_curves(metric_files, out_png, smooth=5):
 # -----------------------------------------------------------------------------
 # 3. sampling
 
-def load_eval_model(name, adapter, device, load_in_4bit, log=print):
+def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
     """The base model, with a trained LoRA adapter (PEFT folder) or full fine-tuned weights on top."""
     if adapter and not os.path.isdir(adapter):
         raise ModelError(f"--adapter {adapter!r} is not a folder; give a run's final/ or checkpoint-N/ folder")
     if adapter and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
         if os.path.isfile(os.path.join(adapter, "config.json")):     # a --lora_rank 0 run: full weights
-            model, tok, _ = load_model(adapter, lora_rank=0, load_in_4bit=load_in_4bit, device=device, log=log)
+            model, tok, _ = load_model(adapter, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype,
+                                       log=log)
             return model.eval(), tok
         raise ModelError(f"--adapter {adapter!r} holds neither adapter_config.json (LoRA) nor config.json "
                          f"(full weights); give a run's final/ or checkpoint-N/ folder")
-    model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, log=log)
+    model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype, log=log)
     if adapter:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, adapter)
@@ -353,7 +354,9 @@ def parse_args(argv=None):
     a("--maj_subsets", type=int, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
     a("--seed", type=int, default=0, help="sampling seed")
     a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
-    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=False, help="4-bit NF4 weights (CUDA only)")
+    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=False, help="4-bit NF4 weights (slow on CPU)")
+    a("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+      help="weights dtype (auto = bf16 on a CUDA GPU that has it, else fp32)")
     a("--output_dir", default=None, help="default runs/eval-<model>-<dataset>[-<adapter run>]")
     a("--overwrite", action="store_true", help="replace results already in --output_dir")
     a("--resume", action="store_true", help="finish an interrupted evaluation in --output_dir (same flags)")
@@ -428,7 +431,7 @@ def main(argv=None):
             raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
                             f"replace it, another --output_dir, or --rescore {samples_path}")
         os.makedirs(out, exist_ok=True)
-        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit)
+        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit, pick_dtype(args.dtype, device))
         with open(samples_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in done)
             rows = sample(model, tok, records, task, args, example, f, done)

@@ -99,34 +99,48 @@ def load_tokenizer(path):
     return tok
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def pick_dtype(name, device):
+    """--dtype: "auto" = bf16 on a CUDA GPU that has it, fp32 elsewhere; or "float32" / "bfloat16"."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    return DTYPES[name]
+
+
 def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=None,
                gradient_checkpointing=False, log=print):
     """(model, tokenizer, info). lora_rank None = the alias's rank; 0 = full fine-tuning.
+    dtype: weights (and the 4-bit compute dtype); None = pick_dtype("auto").
 
-    4-bit NF4 loading (Listing 1) needs CUDA and bitsandbytes; elsewhere it is skipped
-    with a message and the model loads in full precision.
+    4-bit NF4 loading (Listing 1): bitsandbytes on CUDA, or its CPU backend (>= 0.46; slow, but
+    the same Linear4bit layers, so the GPU recipe can be rehearsed on a CPU).
     """
     from transformers import AutoModelForCausalLM
     path, default_rank = resolve(name)
     lora_rank = default_rank if lora_rank is None else lora_rank
-    if dtype is None:
-        dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    dtype = pick_dtype("auto", device) if dtype is None else dtype
     kwargs = {"dtype": dtype}
     quantized = False
     if load_in_4bit:
+        try:
+            import bitsandbytes
+            from transformers import BitsAndBytesConfig
+        except ImportError as e:
+            raise ModelError(f"--load_in_4bit needs bitsandbytes ({e}): pip install bitsandbytes, "
+                             f"or run without --load_in_4bit") from None
         if not device.startswith("cuda"):
-            log("4-bit loading needs a CUDA GPU: skipping it on CPU, loading in full precision")
-        else:
-            try:
-                from transformers import BitsAndBytesConfig
-                import bitsandbytes  # noqa: F401
-                kwargs["quantization_config"] = BitsAndBytesConfig(
-                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
-                    bnb_4bit_use_double_quant=True)
-                kwargs["device_map"] = {"": device}
-                quantized = True
-            except ImportError as e:
-                log(f"4-bit loading unavailable ({e}): loading in full precision")
+            major, minor = (int(x) for x in bitsandbytes.__version__.split(".")[:2])
+            if (major, minor) < (0, 46):
+                raise ModelError(f"bitsandbytes {bitsandbytes.__version__} has no CPU 4-bit backend: "
+                                 f"pip install 'bitsandbytes>=0.46', or --no-load_in_4bit")
+            log("4-bit NF4 on CPU (bitsandbytes' CPU backend): correct but slow; on CPU it rehearses the GPU recipe")
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=True)
+        kwargs["device_map"] = {"": device}
+        quantized = True
     if quantized and lora_rank == 0:
         raise ModelError("full fine-tuning (--lora_rank 0) cannot train 4-bit weights; use LoRA or --no-load_in_4bit")
     try:

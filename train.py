@@ -20,7 +20,7 @@ import torch
 
 import step as steps
 from data import TASKS, DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
-from models import ALIASES, ModelError, load_model
+from models import ALIASES, ModelError, load_model, pick_dtype
 from rollout import PolicyPass
 from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir,
                   resume, rng_state, save_checkpoint, save_folder, weights_fingerprint, write_json)
@@ -30,7 +30,7 @@ from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start
 
 PAPER = dict(lr=1e-6, generation_size=12, max_prompt_length=4000, max_completion_length=1500,
              warmup_ratio=0.005, save_steps=500, ent_ini_prompts=100, sft_warmup_steps=0,
-             one_shot=False, max_steps=-1, load_in_4bit=True, micro_batch_size=0)
+             one_shot=False, max_steps=-1, micro_batch_size=0)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo
 # shows it one worked example in the prompt (one_shot) and uses a LoRA-sized learning rate.
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512,
@@ -92,7 +92,10 @@ def build_parser():
     a("--warmup_ratio", type=float, default=None, help="linear warm-up fraction of a cosine schedule" + d("warmup_ratio"))
     a("--max_grad_norm", type=float, default=0.1, help="gradient clipping norm (Listing 1: 0.1)")
     a("--lora_rank", type=int, default=None, help="LoRA rank on q,k,v,o,gate,up,down (Llama 128, Qwen 64); 0 = full fine-tuning")
-    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None, help="4-bit NF4 weights (CUDA only)" + d("load_in_4bit"))
+    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None,
+      help="4-bit NF4 base weights (Listing 1) [default: on with CUDA; off on CPU, where it works but is slow]")
+    a("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+      help="weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)")
     a("--gradient_checkpointing", action="store_true", help="trade compute for activation memory")
     a("--sft_warmup_steps", type=int, default=None,
       help="SFT steps (batch_size x G worked solutions each) before RL" + d("sft_warmup_steps"))
@@ -126,6 +129,8 @@ def parse_args(argv=None):
     for k, v in PAPER.items():
         if getattr(args, k) is None:
             setattr(args, k, profile.get(k, v))
+    if args.load_in_4bit is None:                       # Listing 1 on a GPU; on CPU only when asked
+        args.load_in_4bit = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if args.lora_rank is None:                          # Listing 1: 128 for LLaMA, 64 for Qwen
         args.lora_rank = ALIASES.get(args.model, (None, 64))[1]
     b1, b2 = BETAS[args.method]
@@ -163,6 +168,7 @@ def step_config(args, entropy_filter):
 def setup_model(args, dist, log):
     """Model (LoRA, 4-bit where asked) and tokenizer; records the LoRA rank actually used."""
     model, tok, info = load_model(args.model, lora_rank=args.lora_rank, load_in_4bit=args.load_in_4bit,
+                                  dtype=pick_dtype(args.dtype, dist.device),
                                   device=dist.device, gradient_checkpointing=args.gradient_checkpointing, log=log)
     args.lora_rank, args.load_in_4bit = info["lora_rank"], info["quantized_4bit"]     # what actually loaded
     log(f"model {args.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
