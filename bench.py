@@ -256,7 +256,8 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
     """Medians over `rounds` (after one warm-up round) of step.rl_step's stages, methods alternating."""
     import step as steps
     import train
-    flags = {"gtpo": ["--use_gtpo"], "gtpo unshared": ["--use_gtpo", "--no-share_prompt"],
+    flags = {"gtpo": ["--use_gtpo"], "gtpo logged": ["--use_gtpo"],      # logged: with a conflicts.ConflictLog
+             "gtpo unshared": ["--use_gtpo", "--no-share_prompt"],
              "gtpo plain": ["--use_gtpo", "--no-share_prompt", "--no-merge_lora"],
              "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
@@ -271,6 +272,8 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
     opt, _ = train.make_optimizer(a, params, 1000, args.device, log=lambda *x: None)
     prompt, answer = bench_prompt(tok, prompt_tokens)
     P = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    from conflicts import ConflictLog, format_token_ids
+    logs = {"gtpo logged": ConflictLog(model.get_input_embeddings().num_embeddings, format_token_ids(tok))}
     times = {name: [] for name in names}
     for r in range(rounds + 1):                                              # round 0 is the warm-up
         for name in names:
@@ -278,7 +281,8 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
             if name == "floor":
                 floor_step(model, tok, prompt, new_tokens, G, args.device, clock)
             else:
-                steps.rl_step(model, model, tok, [prompt], [answer], cfgs[name], clock=clock, reward_fn=spread_score)
+                steps.rl_step(model, model, tok, [prompt], [answer], cfgs[name], clock=clock, reward_fn=spread_score,
+                              conflict_log=logs.get(name))
             torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)          # as train.py's loop
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -365,9 +369,12 @@ def print_step_table(title, st):
               + f"{med['completion_tokens_per_s']:9.1f}{med['policy_tokens']:11d}")
 
 
+STEP_METHODS = ["gtpo", "gtpo logged", "gtpo unshared", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
+
+
 def report_step(args, res):
     """Part 3: one training step per method, per stage; decoding against the memory bound."""
-    names = ["gtpo", "gtpo unshared", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
+    names = args.methods.split(",") if args.methods else STEP_METHODS
     st, shape = bench_step(args, args.G, args.new_tokens, args.steps, names)
     res["step"] = st
     bw = memory_bandwidth(args.device)
@@ -380,11 +387,13 @@ def report_step(args, res):
     print(f"   decoding: {st['gtpo']['completion_tokens_per_s']:.1f} tokens/s; bound {bound:.0f} tokens/s = "
           f"G x {bw / 1e9:.1f} GB/s measured read bandwidth / {shape['weight_bytes'] / MB:.0f} MB of weights "
           f"({res['decode']['fraction_of_bound']:.0%} of it)")
-    res["ratios"] = {"gtpo_over_grpo_b0": st["gtpo"]["total"] / st["grpo b=0"]["total"],
-                     "gtpo_over_floor": st["gtpo"]["total"] / st["floor"]["total"],
-                     "grpo_b004_over_grpo_b0": st["grpo b=0.04"]["total"] / st["grpo b=0"]["total"],
-                     "gtpo_shared_over_unshared": st["gtpo"]["total"] / st["gtpo unshared"]["total"],
-                     "gtpo_over_plain": st["gtpo"]["total"] / st["gtpo plain"]["total"]}
+    ratios = {"gtpo_over_grpo_b0": ("gtpo", "grpo b=0"), "gtpo_over_floor": ("gtpo", "floor"),
+              "grpo_b004_over_grpo_b0": ("grpo b=0.04", "grpo b=0"),
+              "gtpo_shared_over_unshared": ("gtpo", "gtpo unshared"), "gtpo_over_plain": ("gtpo", "gtpo plain"),
+              "gtpo_logged_over_gtpo": ("gtpo logged", "gtpo")}
+    res["ratios"] = {k: st[a]["total"] / st[b]["total"] for k, (a, b) in ratios.items() if a in st and b in st}
+    if "gtpo logged" in st and "gtpo" in st:
+        res["ratios"]["masks_logged_minus_gtpo_s"] = st["gtpo logged"]["masks"] - st["gtpo"]["masks"]
     print("   " + "   ".join(f"{k} {v:.3f}" for k, v in res["ratios"].items()))
 
 
@@ -406,6 +415,7 @@ def main():
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
+    p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)

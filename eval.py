@@ -23,6 +23,7 @@ import sys
 
 import torch
 
+import conflicts
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype
@@ -189,7 +190,6 @@ def plot_passk(results, out_png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(6, 4))
     top = 0.0
     for i, (label, res) in enumerate(results):
@@ -200,7 +200,9 @@ def plot_passk(results, out_png):
                 label=f"{label} maj@k")                                                      # where they coincide
         top = max(top, *res["pass@k"].values(), *res["maj@k"].values())
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())          # 1 2 4 8, not 2^0 2^1 ...
+    ks = sorted({int(k) for _, res in results for k in res["pass@k"]})
+    ax.set_xticks(ks, [str(k) for k in ks])                                   # 1 2 4 8, not 2^0 2^1 ...
+    ax.minorticks_off()
     ax.set_title(", ".join(sorted({f"{r.get('dataset', '?')} (n={r.get('n_samples', '?')})" for _, r in results})),
                  fontsize=9)
     ax.set_xlabel("k")
@@ -364,16 +366,24 @@ def parse_args(argv=None):
     a("--plot", nargs="+", default=None, metavar="RESULTS_JSON", help="overlay pass@k/maj@k of these results")
     a("--curves", nargs="+", default=None, metavar="METRICS_JSONL", help="plot training curves of these runs")
     a("--smooth", type=int, default=5, help="moving-average window for --curves")
+    a("--render", default=None, metavar="SAMPLES_JSONL",
+      help="draw a GTPO group logged in a training run's samples.jsonl like Fig. 9 (PNG + HTML)")
+    a("--render_step", type=int, default=None, help="the step of the group to draw (default: the last with conflicts)")
     return p.parse_args(argv)
 
 
 def plot_main(args):
-    """--plot / --curves: figures from files already written, no model."""
-    out = args.output_dir or "runs"
+    """--plot / --curves / --render: figures from files already written, no model."""
+    out = args.output_dir or (os.path.dirname(os.path.abspath(args.render)) if args.render else "runs")
     os.makedirs(out, exist_ok=True)
-    for f in (args.plot or []) + (args.curves or []):
+    for f in (args.plot or []) + (args.curves or []) + ([args.render] if args.render else []):
         if not os.path.isfile(f):
             raise DataError(f"{f!r} does not exist")
+    if args.render:
+        try:
+            print("wrote " + " and ".join(conflicts.render(args.render, out, args.render_step)))
+        except ValueError as e:
+            raise DataError(f"--render {args.render}: {e}") from None
     if args.plot:
         plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), runs.read_json(f))
                     for f in args.plot], os.path.join(out, "passk.png"))
@@ -386,7 +396,7 @@ def plot_main(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.plot or args.curves:
+    if args.plot or args.curves or args.render:
         return plot_main(args)
 
     if args.rescore:

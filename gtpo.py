@@ -4,6 +4,7 @@ No model, tokenizer or I/O lives here: every function takes tensors and returns
 tensors, so each one can be read next to its equation and tested on its own.
 
     group_advantages   Eq. 8           A_i = (R_i - mean R) / (std R + eps)
+    conflict_spans     Sec. 5.1        forward and backward conflict spans of one group
     conflict_weights   Sec. 5.1, Eq. 5 lambda_{i,t} in {0, 1, 2} from fwd/bwd conflict spans
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
     entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), as the released code does it
@@ -15,7 +16,7 @@ Shapes: N completions (N = prompts x G), L completion positions, V vocabulary.
 import torch
 
 __all__ = [
-    "masked_mean", "token_logprobs", "group_advantages", "conflict_weights",
+    "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_weights",
     "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "grpo_loss",
 ]
 
@@ -91,6 +92,31 @@ def _aligned_conflicts(ids, valid, pos, neg):
     return raw.long().cumprod(dim=1).bool()                         # first contiguous span from t=0
 
 
+def conflict_spans(ids, mask, advantages):
+    """The forward and backward conflict spans of ONE group (Sec. 5.1): (fwd, bwd), each (G, L)
+    bool. ids (G, L) long, right-padded; mask (G, L) true on real tokens; advantages (G,)."""
+    if ids.dim() != 2 or mask.shape != ids.shape:
+        raise ValueError(f"ids and mask must both be (G, L), got {tuple(ids.shape)} and {tuple(mask.shape)}")
+    G, L = ids.shape
+    if advantages.shape != (G,):
+        raise ValueError(f"advantages must be (G,) = ({G},) for one group, got {tuple(advantages.shape)}")
+    valid = mask.bool()
+    lengths = valid.sum(dim=1)                                      # (G,)
+    steps = torch.arange(L, device=ids.device)
+    if not torch.equal(valid, steps.unsqueeze(0) < lengths.unsqueeze(1)):
+        raise ValueError("mask must be right-padded (real tokens first, then padding) in every row")
+    pos, neg = advantages > 0, advantages < 0                       # (G,)
+
+    fwd = _aligned_conflicts(ids, valid, pos, neg)                  # (G, L)
+
+    # Backward: re-index each row so that r = 0 is its own last real token.
+    rev_idx = (lengths.unsqueeze(1) - 1 - steps.unsqueeze(0)).clamp(min=0)  # (G, L); r -> p
+    ids_rev = ids.gather(1, rev_idx)                                # valid where r < length
+    bwd_rev = _aligned_conflicts(ids_rev, valid, pos, neg)          # (G, L) in r coordinates
+    bwd = bwd_rev.gather(1, rev_idx) & valid                        # p -> r = len-1-p (involution)
+    return fwd, bwd
+
+
 def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21).
 
@@ -113,28 +139,10 @@ def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
     a positive completion's token that lies in BOTH spans gets pos_weight**2 (= 4)
     instead of Eq. 5's 2. Garbage in padded positions is ignored.
     """
-    if ids.dim() != 2 or mask.shape != ids.shape:
-        raise ValueError(f"ids and mask must both be (G, L), got {tuple(ids.shape)} and {tuple(mask.shape)}")
-    G, L = ids.shape
-    if advantages.shape != (G,):
-        raise ValueError(f"advantages must be (G,) = ({G},) for one group, got {tuple(advantages.shape)}")
     if combine not in ("or", "product"):
         raise ValueError(f"combine must be 'or' (Eq. 5) or 'product' (released code), got {combine!r}")
-    valid = mask.bool()
-    lengths = valid.sum(dim=1)                                      # (G,)
-    steps = torch.arange(L, device=ids.device)
-    if not torch.equal(valid, steps.unsqueeze(0) < lengths.unsqueeze(1)):
-        raise ValueError("mask must be right-padded (real tokens first, then padding) in every row")
-    pos, neg = advantages > 0, advantages < 0                       # (G,)
-
-    fwd = _aligned_conflicts(ids, valid, pos, neg)                  # (G, L)
-
-    # Backward: re-index each row so that r = 0 is its own last real token.
-    rev_idx = (lengths.unsqueeze(1) - 1 - steps.unsqueeze(0)).clamp(min=0)  # (G, L); r -> p
-    ids_rev = ids.gather(1, rev_idx)                                # valid where r < length
-    bwd_rev = _aligned_conflicts(ids_rev, valid, pos, neg)          # (G, L) in r coordinates
-    bwd = bwd_rev.gather(1, rev_idx) & valid                        # p -> r = len-1-p (involution)
-
+    fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
+    valid, pos = mask.bool(), advantages > 0
     conflict = fwd | bwd                                            # (G, L)
     lam_conf = torch.where(pos, torch.tensor(pos_weight, dtype=torch.float32, device=ids.device),
                            torch.tensor(0.0, device=ids.device)).unsqueeze(1)    # (G, 1)

@@ -120,13 +120,16 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
 # -----------------------------------------------------------------------------
 # RL step
 
-def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, reward_fn=None):
+def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, reward_fn=None,
+            conflict_log=None):
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
     gradient pass, a DDP-wrapped rollout.PolicyPass under torchrun. prompts: B chat-formatted
-    strings; answers: B references.
-    Returns (metrics, rollout, rewards (B*G,)).
+    strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
+    conflict tokens into (GTPO).
+    Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
+    "weights" (N, L) lambda or None, "group_size" G}.
     """
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, one generate call
@@ -143,6 +146,8 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     if cfg.method == "gtpo":
         weights, conflict, n_conf = gtpo.batch_conflict_weights(
             ro.completion_ids, mask, adv, G, pos_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
+        if conflict_log is not None:
+            conflict_log.add(ro.completion_ids, mask, adv, G)                        # which tokens (Fig. 9)
         clock("masks")
     # ---- 4. loss over micro-batches of completions, backward (DDP syncs on the last one)
     N = len(ro.texts)
@@ -179,7 +184,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
                   "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
     if kls:
         m["kl"] = (sum(kls) / mask.sum().clamp(min=1)).item()                        # token mean, as grpo_loss
-    return m, ro, total
+    return m, ro, {"rewards": total, "advantages": adv, "weights": weights, "group_size": G}
 
 
 def rl_metrics(cfg, ro, total, fmt, cor, h, loss):

@@ -57,8 +57,9 @@ RUNS = [  # name              part        seeds      flags after COMMON        w
     ("sft",             "main",     (1, 2, 3), ["--use_sft"]),                         # Listing 1: 1 prompt/step
     ("gtpo-masks-only", "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "off",
                                                 "--ent_gamma", "0"]),                  # Fig. 5 "No <H>_i - No delta_i"
-    ("gtpo-no-delta",   "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "off"]),   # Fig. 4 "gamma 0.1, No delta_i"
-    ("gtpo-delta",      "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "all"]),   # Fig. 4, delta_i always on
+    ("gtpo-delta",      "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "all"]),   # Fig. 4: delta_i on
+    # Fig. 4's other arm, "gamma 0.1, No delta_i", is "gtpo" itself here: after the warm-up <H>_ini
+    # = 1.61 > ln 2 (measured by gtpo-s1), so Eq. 6 sets delta_i = 1 and the paper default runs unfiltered.
     ("gtpo-onlyneg",    "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "neg"]),   # App. 13
     ("grpo-entropy",    "ablation", (1, 2),    ["--use_grpo", "--entropy_filter", "all",
                                                 "--ent_threshold", "1.05"]),           # App. 14, Fig. 10c
@@ -139,10 +140,21 @@ def train(run_id, flags, seed, shard, threads):
             raise Stop()
         if not done:
             raise SystemExit(f"training {run_id} failed (exit {rc}); see {os.path.join(out, 'train.log')}")
-    os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
+    keep = os.path.join(KEEP, run_id)
+    os.makedirs(keep, exist_ok=True)
+    if run_id.startswith("warmup"):                     # the start of every run of this seed: keep its digest
+        digest, path = adapter_digest(os.path.join(out, "final")), os.path.join(keep, "adapter_sha256.txt")
+        if os.path.isfile(path) and open(path).read().strip() != digest:
+            print(f"warning: {run_id} was trained again and differs from the one the finished runs started "
+                  f"from (another machine?); the committed results keep the first one's files", flush=True)
+        if not os.path.isfile(path):
+            import runs
+            runs.write_text(path, digest + "\n")
     for f in ("config.json", "metrics.jsonl"):
-        shutil.copyfile(os.path.join(out, f), os.path.join(KEEP, run_id, f))
+        if not os.path.isfile(os.path.join(keep, f)) or not finished(run_id):
+            shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
+
 
 
 def evaluate(run_id, out, shard, threads):
@@ -175,11 +187,30 @@ def wait_for(path):
     return path
 
 
+def finished(run_id):
+    """Trained and evaluated, by the committed files alone (so also on a machine without runs/study)."""
+    d = os.path.join(KEEP, run_id)
+    return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in EVALS)))
+
+
+def adapter_digest(folder):
+    """sha256 over the adapter's tensors (sorted by name): is a retrained warm-up the same one?"""
+    import hashlib
+    import torch
+    from safetensors.torch import load_file
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(os.path.join(folder, "adapter_model.safetensors")).items()):
+        h.update(name.encode() + t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def run_all(shard):
     k, n = shard
     threads = max(1, (os.cpu_count() or 1) // n)
     mine = [j for i, j in enumerate(jobs()) if i % n == k]
     for run_id, flags, seed in mine:
+        if finished(run_id) and not run_id.startswith("warmup"):
+            continue            # a warm-up's final/ is rebuilt when missing: later runs start from it
         out = train(run_id, flags, seed, shard, threads)
         evaluate(run_id, out, shard, threads)
 
@@ -190,7 +221,8 @@ def status():
         ckpts = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")) \
             if os.path.isdir(out) else []
         evals = [s for s in EVALS if os.path.isfile(os.path.join(keep, f"eval-{s}.json"))]
-        state = ("trained" if os.path.isdir(os.path.join(out, "final")) else
+        state = ("done (committed)" if finished(run_id) else
+                 "trained" if os.path.isdir(os.path.join(out, "final")) else
                  f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else "to do")
         print(f"{run_id:22s} {state:18s} evaluated: {', '.join(evals) or '-'}")
 
@@ -257,14 +289,18 @@ def summarize():
 
 def write_summary(table):
     import runs
-    def cell(v, digits):
-        return "–" if v is None else f"{v[0]:.{digits}f} ± {v[1]:.{digits}f}" if v[2] > 1 else f"{v[0]:.{digits}f}"
+    def cell(v, digits, seeds):
+        if v is None:
+            return "–"
+        text = f"{v[0]:.{digits}f} ± {v[1]:.{digits}f}" if v[2] > 1 else f"{v[0]:.{digits}f}"
+        return text if v[2] == seeds else f"{text} (n={v[2]})"
     digits = {"format": 1, "accuracy": 1, "entropy": 3, "train": 1}
     head = ["config", "part", "seeds"] + [label for label, _ in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         lines.append("| " + " | ".join([r["config"], r["part"], f"{r['seeds_done']}/{r['seeds']}"] +
-                                      [cell(r[label], digits.get(label.split()[0], 3)) for label, _ in COLUMNS]) + " |")
+                                      [cell(r[label], digits.get(label.split()[0], 3), r["seeds_done"])
+                                       for label, _ in COLUMNS]) + " |")
     total = sum(t["seconds"] for name, _, seeds in configs() for s in seeds
                 for d in [load(f"{name}-s{s}")] if d for ts in d["times"].values() for t in ts)
     lines.append(f"\nmean ± sample std over the finished seeds; training columns: mean of the last {LAST_N} RL steps "
@@ -288,7 +324,8 @@ def band(ax, runs_rows, key, scale, color, label, smooth=5):
     n = min(len(c[1]) for c in curves)
     x = curves[0][0][:n]
     per_step = list(zip(*[c[1][:n] for c in curves]))
-    ax.plot(x, [statistics.fmean(v) for v in per_step], color=color, lw=1.6, label=f"{label} ({len(curves)} seeds)")
+    ax.plot(x, [statistics.fmean(v) for v in per_step], color=color, lw=1.6,
+            label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
     if len(curves) > 1:
         ax.fill_between(x, [min(v) for v in per_step], [max(v) for v in per_step], color=color, alpha=0.15, lw=0)
 
@@ -302,23 +339,25 @@ def plot_curves(names, title, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7))
+    axes, legend_ax = grid.flat[:len(PANELS)], grid.flat[-1]
     for i, name in enumerate(names):
         seeds = next(ss for n, _, ss in configs() if n == name)
         rows = [d["rl"] for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
         for ax, (key, scale, _) in zip(axes, PANELS):
             band(ax, rows, key, scale, f"C{i}", name)
     for ax, (key, _, ylabel) in zip(axes, PANELS):
-        ax.set_xlabel("optimizer step (after the shared SFT warm-up)")
-        ax.set_ylabel(ylabel)
+        ax.set_xlabel("optimizer step (after the shared SFT warm-up)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
         if key == "entropy":
             ax.axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (Eq. 6)")
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-    for ax, loc in ((axes[0], "lower right"), (axes[2], "upper right")):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc=loc)
+    legend_ax.axis("off")
+    handles, labels = axes[2].get_legend_handles_labels()              # the entropy panel has every run + ln 2
+    if handles:
+        legend_ax.legend(handles, labels, loc="center", fontsize=9)
     fig.suptitle(f"{title}: mean of seeds (5-step trailing average), band = min-max over seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -330,7 +369,6 @@ def plot_passk(path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
     fig, axes = plt.subplots(1, len(EVALS), figsize=(6 * len(EVALS), 4))
     for ax, (set_name, flags) in zip(axes, EVALS.items()):
         for i, (name, _, seeds) in enumerate(c for c in configs() if c[1] in ("start", "main")):
@@ -338,14 +376,15 @@ def plot_passk(path):
             if not res:
                 continue
             ks = sorted(int(k) for k in res[0]["pass@k"])
-            for key, style in (("pass@k", "o-"), ("maj@k", "s--")):
+            for key, style, ms, fill in (("pass@k", "o-", 4, None), ("maj@k", "s--", 8, "none")):
                 vals = [[r[key][str(k)] for r in res] for k in ks]
-                ax.plot(ks, [statistics.fmean(v) for v in vals], style, color=f"C{i}", ms=4,
-                        label=f"{name} {key.split('@')[0]}@k ({len(res)} seeds)")
+                ax.plot(ks, [statistics.fmean(v) for v in vals], style, color=f"C{i}", ms=ms, mfc=fill,
+                        label=f"{name} {key.split('@')[0]}@k ({len(res)} seed{'s' * (len(res) > 1)})")
                 if len(res) > 1:
                     ax.fill_between(ks, [min(v) for v in vals], [max(v) for v in vals], color=f"C{i}", alpha=0.1, lw=0)
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         ax.set_xlabel("k")
         ax.set_ylabel("fraction of problems")
         ax.set_title(f"{set_name}: arithmetic {flags[-1]} split, n = {EVAL_COMMON[3]} samples per problem", fontsize=9)

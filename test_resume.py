@@ -135,7 +135,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny_arg
     out = tmp_path / "run"
     with pytest.raises(runs.SaveError, match="No space left on device.*checkpoint-2 is intact: free space, then rerun"):
         train.main(tiny_args(out, max_steps=4, save_steps=2))
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "config.json", "metrics.jsonl", "samples.jsonl"]  # no .tmp
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "config.json", "conflicts.json", "metrics.jsonl",
+                                       "samples.jsonl"]                                  # no .tmp
     assert os.path.isfile(out / "checkpoint-2" / "trainer_state.pt")
     assert [x["step"] for x in _rows(str(out))] == [1, 2, 3, 4]
     monkeypatch.setattr(runs.torch, "save", real)

@@ -19,6 +19,7 @@ import time
 import torch
 
 import step as steps
+from conflicts import ConflictLog, format_token_ids, group_rows
 from data import TASKS, DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
 from models import ALIASES, ModelError, load_model, pick_dtype
 from rollout import PolicyPass
@@ -225,6 +226,23 @@ def entropy_filter_mode(args, state, model, tok, records, example, dist, log):
     return mode
 
 
+def write_config(args, dist, total_steps, **decided):
+    """config.json: every flag as the run uses it, and what setup decided (<H>_ini, Eq. 6's filter)."""
+    if dist.main:
+        write_json(os.path.join(args.output_dir, "config.json"),
+                   {**vars(args), "total_steps": total_steps, "world_size": dist.world, **decided})
+
+
+def make_conflict_log(cfg, model, tok, state, dist):
+    """GTPO, rank 0: which tokens fall in conflict spans (conflicts.py), continued from the checkpoint."""
+    if cfg.method != "gtpo" or not dist.main:
+        return None
+    log = ConflictLog(model.get_input_embeddings().num_embeddings, format_token_ids(tok))
+    if state.get("conflicts"):
+        log.load_state_dict(state["conflicts"])
+    return log
+
+
 def step_records(records, step, steps_per_epoch, n, dist, seed, wrap=False):
     """This rank's n records for optimizer step `step`: epoch order from a seeded permutation,
     rank r takes slice r of each step's share. wrap: the SFT warm-up's n = B x G records."""
@@ -270,10 +288,9 @@ def train(args, dist, stop):
         log(f"resumed from {state['checkpoint']} at step {state['step']}")
     else:
         torch.manual_seed(args.seed + dist.rank)        # different samples on each rank
-    if dist.main:
-        write_json(os.path.join(args.output_dir, "config.json"),
-                   {**vars(args), "total_steps": total_steps, "world_size": dist.world})
+    write_config(args, dist, total_steps)
     cfg = step_config(args, entropy_filter_mode(args, state, model, tok, records, example, dist, log))
+    write_config(args, dist, total_steps, h_ini=state.get("h_ini"), entropy_filter_applied=cfg.entropy_filter)
     ref_model = None
     if cfg.method == "grpo" and cfg.beta > 0 and args.lora_rank == 0:   # no adapters to switch off
         import copy
@@ -287,6 +304,7 @@ def train(args, dist, stop):
     bar = tqdm(range(state["step"], total_steps), initial=state["step"], total=total_steps, desc=args.method,
                dynamic_ncols=True, disable=not dist.main)
     metrics, nonfinite_run = MetricsLog(args.output_dir, dist.main), 0
+    conflict_log = make_conflict_log(cfg, model, tok, state, dist)
     model.train()
     try:
         for step in bar:
@@ -294,7 +312,7 @@ def train(args, dist, stop):
                                 refresh=False)
             t0, clock = time.time(), steps.Clock(dist.device)
             m = run_step(args, cfg, step, steps_per_epoch, records, example, model, policy, ref_model, tok,
-                         dist, clock, metrics, total_steps)
+                         dist, clock, metrics, total_steps, conflict_log)
             # ---- clip, optimizer step (non-finite loss or gradient: skip the step, count it)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)   # grads already averaged
             m.update({f"time/{k}": v for k, v in clock.parts.items()})
@@ -318,7 +336,7 @@ def train(args, dist, stop):
                                          f"Checkpoints in {args.output_dir} are intact.")
             stopping = any(dist.gather(stop.signal is not None))
             if (step + 1) % args.save_steps == 0 or step + 1 == total_steps or stopping:
-                checkpoint(args, step + 1, model, tok, optimizer, scheduler, state, dist)
+                checkpoint(args, step + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
             if stopping:
                 bar.close()
                 log(f"stopped after step {step + 1} of {total_steps} ({stop.signal or 'signal on another rank'}); "
@@ -331,7 +349,7 @@ def train(args, dist, stop):
 
 
 def run_step(args, cfg, step, steps_per_epoch, records, example, model, policy, ref_model, tok, dist, clock,
-             metrics, total_steps):
+             metrics, total_steps, conflict_log):
     """One optimizer step's forward and backward: SFT (method or warm-up) or RL; its metrics row."""
     G, B = args.generation_size, args.batch_size
     if args.method != "sft" and step < args.sft_warmup_steps:      # warm-up: as many sequences as an RL step
@@ -342,20 +360,23 @@ def run_step(args, cfg, step, steps_per_epoch, records, example, model, policy, 
     if args.method == "sft" or step < args.sft_warmup_steps:
         return {**head, **steps.sft_step(policy, tok, batch, example, cfg, dist.device, clock)}
     prompts = [format_prompt(tok, r["question"], example) for r in batch]
-    m, ro, total = steps.rl_step(model, policy, tok, prompts, [r["answer"] for r in batch], cfg, ref_model, clock)
-    if args.sample_every and (step % args.sample_every == 0 or step == total_steps - 1):
-        metrics.samples({"step": step + 1, "question": batch[0]["question"], "answer": batch[0]["answer"],
-                         "completion": ro.texts[i], "reward": total[i].item()} for i in range(min(G, 4)))
+    m, ro, scored = steps.rl_step(model, policy, tok, prompts, [r["answer"] for r in batch], cfg, ref_model, clock,
+                                  conflict_log=conflict_log)
+    if args.sample_every and (step % args.sample_every == 0 or step == total_steps - 1):   # the first group, whole
+        metrics.samples(group_rows(tok, ro, scored, 0, step + 1, batch[0]["question"], batch[0]["answer"]))
     return {**head, **m}
 
 
-def checkpoint(args, n, model, tok, optimizer, scheduler, state, dist):
-    """checkpoint-n with every rank's RNG (rank 0 writes; the others wait)."""
+def checkpoint(args, n, model, tok, optimizer, scheduler, state, dist, conflict_log=None):
+    """checkpoint-n with every rank's RNG (rank 0 writes; the others wait); conflicts.json beside it."""
     rngs = dist.gather(rng_state(dist.device))
     if dist.main:
         save_checkpoint(os.path.join(args.output_dir, f"checkpoint-{n}"), model, tok, optimizer, scheduler,
                         {"step": n, "h_ini": state.get("h_ini"), "config": vars(args),
-                         "rng": rngs if dist.world > 1 else rngs[0], "world_size": dist.world})
+                         "rng": rngs if dist.world > 1 else rngs[0], "world_size": dist.world,
+                         "conflicts": conflict_log and conflict_log.state_dict()})
+        if conflict_log is not None:
+            write_json(os.path.join(args.output_dir, "conflicts.json"), conflict_log.summary(tok))
     dist.barrier()
 
 

@@ -1,0 +1,98 @@
+"""conflicts.py: the logged conflict-token counts and the Fig. 9 rendering agree with
+gtpo.conflict_weights; a run's counts add up to its logged n_conflict and survive --resume."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import gtpo
+import step
+import train
+from conflicts import CATEGORIES, ConflictLog, format_token_ids, group_rows, pick_group, render_html, render_png
+from data import tagged_solution
+from models import embedded_model_dir, load_tokenizer
+from rollout import Rollout
+
+# App. 10 / Fig. 9: "What is 2 + 2?", two correct and two wrong completions in the tag format
+FIG9 = [("2 + 2 = 4.", "4", 10.0), ("2 + 2 is 3.", "3", 0.0), ("Two plus two: 2 + 2 = 4.", "4", 10.0),
+        ("2 + 2 = 3, I think.", "3", 0.0)]
+
+
+@pytest.fixture(scope="module")
+def fig9():
+    """(tokenizer, Rollout of the group, scored dict) for the Fig. 9 group, EOS-terminated."""
+    tok = load_tokenizer(embedded_model_dir())
+    texts = [tagged_solution({"solution": s, "answer": a}) for s, a, _ in FIG9]
+    seqs = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), tok.pad_token_id)
+    mask = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+    rewards = torch.tensor([r for *_, r in FIG9])
+    adv = gtpo.group_advantages(rewards, len(FIG9))
+    w, _, n = gtpo.conflict_weights(ids, mask, adv)
+    ro = Rollout(ids[:, :1], torch.ones(len(seqs), 1, dtype=torch.long), ids, mask,
+                 torch.zeros(len(seqs), dtype=torch.bool), texts)
+    return tok, ro, {"rewards": rewards, "advantages": adv, "weights": w, "group_size": len(FIG9), "n": n}
+
+
+def test_counts_and_lambdas_equal_conflict_weights(fig9, tmp_path):
+    tok, ro, scored = fig9
+    ids, mask, w = ro.completion_ids, ro.completion_mask.bool(), scored["weights"]
+    log = ConflictLog(len(tok), format_token_ids(tok))
+    log.add(ids, mask, scored["advantages"], len(FIG9))
+    V = len(tok)
+    amplified, protected = w == 2, (w == 0) & mask                          # lambda 2 / lambda 0
+    assert amplified.any() and protected.any()
+    c = dict(zip(CATEGORIES, log.counts))
+    assert torch.equal(c["any"], torch.bincount(ids[amplified | protected], minlength=V))
+    assert int(c["any"].sum()) == int(scored["n"].sum())                    # = sum of n_conflict
+    assert torch.equal(((c["fwd_pos"] + c["bwd_pos"]) > 0), torch.bincount(ids[amplified], minlength=V) > 0)
+    assert torch.equal(((c["fwd_neg"] + c["bwd_neg"]) > 0), torch.bincount(ids[protected], minlength=V) > 0)
+    s = log.summary(tok)
+    fmt = set(format_token_ids(tok).tolist())
+    in_fmt = sum(int(t) in fmt for t in ids[amplified | protected])
+    assert s["conflict_positions"] == int(scored["n"].sum()) and s["format_positions"] == in_fmt
+    assert s["top"]["any"][0][2] == int(c["any"].max())
+    # the rows kept in samples.jsonl redraw the same lambdas, token by token
+    rows = group_rows(tok, ro, scored, 0, 7, "What is 2 + 2?", "4")
+    for i, r in enumerate(rows):
+        n = int(mask[i].sum())
+        assert r["lambda"] == w[i, :n].tolist() and len(r["tokens"]) == n
+        assert "".join(r["tokens"]).startswith(ro.texts[i])                 # + the EOS token
+        assert r["advantage"] == scored["advantages"][i].item()
+    render_html(rows, tmp_path / "g.html")
+    page = (tmp_path / "g.html").read_text()
+    assert page.count('title="λ = 2"') == int(amplified.sum()) and page.count('title="λ = 0"') == int(protected.sum())
+    render_png(rows, tmp_path / "g.png")
+    assert os.path.getsize(tmp_path / "g.png") > 5000
+    assert pick_group(rows + [{"step": 9, "completion": "old row, no tokens"}]) == rows
+
+
+def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
+    """A tiny GTPO run at low temperature (near-identical completions, so conflicts happen) with a
+    reward that splits each group: conflicts.json's total equals the sum of n_conflict in
+    metrics.jsonl, and a run resumed from checkpoint-1 ends with the same counts."""
+    def split_reward(texts, answers, task):
+        r = (torch.arange(len(texts)) % 2).float() * 10
+        return r, r, torch.zeros_like(r)
+    monkeypatch.setattr(step, "score", split_reward)
+    argv = lambda out, *x: tiny_args(out, max_steps=3, save_steps=1, temperature=1e-4, max_completion_length=6,
+                                     optimizer="adamw_torch") + list(x)
+    a = tmp_path / "a"
+    assert train.main(argv(a)) == 0
+    rows = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    logged = sum(round(r["gtpo/mean_conflict_tokens"] * 4) for r in rows)   # N = 1 prompt x G = 4
+    summary = json.loads((a / "conflicts.json").read_text())
+    assert summary["gtpo_steps"] == 3 and summary["conflict_positions"] == logged > 0
+    samples = [json.loads(x) for x in (a / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and all(len(s["tokens"]) == len(s["lambda"]) for s in samples)   # steps 1 and 3
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    for d in ("checkpoint-2", "checkpoint-3", "final"):
+        shutil.rmtree(b / d)
+    assert train.main(argv(b, "--resume")) == 0
+    assert json.loads((b / "conflicts.json").read_text()) == summary
