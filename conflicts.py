@@ -146,7 +146,7 @@ def render_png(rows, path, width=110):
             layout.append((x, y, t, l))
             x += len(t)
         y += 2
-    fig = plt.figure(figsize=(0.075 * (width + 20), 0.2 * (y + 3)))
+    fig = plt.figure(figsize=(0.06 * (width + 20), 0.2 * (y + 3)))            # ~ a 7 pt monospace cell
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(-19, width + 1)
     ax.set_ylim(y + 1, -3)
@@ -171,9 +171,3 @@ def render(samples_path, out_dir, step=None):
     render_html(rows, prefix + ".html")
     render_png(rows, prefix + ".png")
     return [prefix + ".html", prefix + ".png"]
-
-
-def write_summary(log, tok, path):
-    from runs import write_json
-    write_json(path, log.summary(tok))
-

@@ -304,8 +304,9 @@ def write_summary(table):
     total = sum(t["seconds"] for name, _, seeds in configs() for s in seeds
                 for d in [load(f"{name}-s{s}")] if d for ts in d["times"].values() for t in ts)
     lines.append(f"\nmean ± sample std over the finished seeds; training columns: mean of the last {LAST_N} RL steps "
-                 f"(format and accuracy as % of their 10 points); wall time of all finished runs and evaluations "
-                 f"so far: {total / 3600:.2f} h (see each run's times.json for the worker count).")
+                 f"(format and accuracy as % of their 10 points); time spent by the workers on all runs and "
+                 f"evaluations so far: {total / 3600:.2f} h, summed over workers (with 2 workers the wall time is "
+                 f"about half; each run's times.json has every attempt).")
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), table)
     print("\n".join(lines))
