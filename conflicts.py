@@ -48,7 +48,8 @@ class ConflictLog:
         """One step: ids, mask (N, L) right-padded; advantages (N,) raw (as for conflict_weights)."""
         ids, mask, advantages = ids.cpu(), mask.cpu(), advantages.cpu()
         V = self.counts.shape[1]
-        for g_ids, g_mask, g_adv in zip(ids.split(group_size), mask.split(group_size), advantages.split(group_size)):
+        groups = zip(ids.split(group_size), mask.split(group_size), advantages.split(group_size))
+        for g_ids, g_mask, g_adv in groups:
             fwd, bwd = gtpo.conflict_spans(g_ids, g_mask, g_adv)                   # (G, L) each
             pos = (g_adv > 0).unsqueeze(1)                                          # (G, 1)
             for row, sel in zip(self.counts, (fwd | bwd, fwd & pos, fwd & ~pos, bwd & pos, bwd & ~pos)):
@@ -78,12 +79,12 @@ class ConflictLog:
                               "(pos: lambda = 2, amplified; neg: lambda = 0, protected)"}
 
 
-def group_rows(tok, ro, scored, g, step, question, answer):
-    """samples.jsonl rows for group g of a step: every completion with its token strings, A_i and
-    lambda per token (GTPO; None for GRPO), enough to redraw it with render_*."""
+def group_rows(tok, ro, scored, group, step, question, answer):
+    """samples.jsonl rows for one group (`group`: its completions' row numbers) of a step: every
+    completion with its token strings, A_i and lambda per token (GTPO; None for GRPO), enough to
+    redraw it with render_*."""
     rows = []
-    size = scored["group_size"]
-    for i in range(g * size, (g + 1) * size):
+    for i in group:
         n = int(ro.completion_mask[i].sum())
         ids = ro.completion_ids[i, :n].tolist()
         lam = None if scored["weights"] is None else scored["weights"][i, :n].tolist()

@@ -210,6 +210,14 @@ def hub_unreachable(timeout=3.0):
     return None
 
 
+def check_data_dir(data_dir):
+    """data_dir itself, or DataError when it is given but is no folder (a typo would fall back to the Hub)."""
+    if data_dir and not os.path.isdir(data_dir):
+        raise DataError(f"data folder {data_dir!r} (--data_dir or $GTPO_DATA_DIR) does not exist; give the folder "
+                        f"that holds <dataset>/<split>.jsonl, e.g. ../shared/data")
+    return data_dir
+
+
 def load_task(name, split="train", data_dir=None):
     """Records {"question", "answer", "solution"} of dataset `name` and `split`.
 
@@ -225,10 +233,7 @@ def load_task(name, split="train", data_dir=None):
         return _records(read_jsonl(name), name, "local")
     if name not in HUB:
         raise DataError(f"unknown dataset {name!r}: use one of {TASKS} or a path to a .jsonl file")
-    data_dir = data_dir or os.environ.get("GTPO_DATA_DIR")
-    if data_dir and not os.path.isdir(data_dir):
-        raise DataError(f"data folder {data_dir!r} (--data_dir or $GTPO_DATA_DIR) does not exist; give the folder "
-                        f"that holds <dataset>/<split>.jsonl, e.g. ../shared/data")
+    data_dir = check_data_dir(data_dir or os.environ.get("GTPO_DATA_DIR"))
     if data_dir:
         path = os.path.join(data_dir, name, f"{split}.jsonl")
         if os.path.isfile(path):

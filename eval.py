@@ -226,6 +226,12 @@ def read_rows(path):
     return [obj for _, obj in read_jsonl(path)]
 
 
+def trailing_mean(values, window):
+    """Mean of each value and the window - 1 before it (fewer at the start): the curves' smoothing."""
+    return [sum(values[max(0, j - window + 1):j + 1]) / len(values[max(0, j - window + 1):j + 1])
+            for j in range(len(values))]
+
+
 def plot_curves(metric_files, out_png, smooth=5):
     """Training curves over steps (RL steps only), one line per metrics.jsonl: reward, format,
     accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view)."""
@@ -249,9 +255,7 @@ def plot_curves(metric_files, out_png, smooth=5):
             col = f"C{i % 10}"
             ax.plot(x, y, color=col, alpha=0.3 if smooth > 1 else 1.0, lw=0.8)
             if smooth > 1:
-                win = [y[max(0, j - smooth + 1):j + 1] for j in range(len(y))]      # trailing window
-                ys = [sum(w) / len(w) for w in win]
-                ax.plot(x, ys, color=col, lw=1.6, label=name)
+                ax.plot(x, trailing_mean(y, smooth), color=col, lw=1.6, label=name)
             else:
                 ax.lines[-1].set_label(name)
         ax.set_title(key, fontsize=9)
@@ -264,8 +268,8 @@ def plot_curves(metric_files, out_png, smooth=5):
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
-    fig.suptitle("RL steps; thin: each step, thick: trailing mean of the last "
-                 f"{smooth} steps; dotted: ln 2 (Eq. 6)" if smooth > 1 else "RL steps; dotted: ln 2 (Eq. 6)", fontsize=9)
+    smoothing = f"thin: each step, thick: trailing mean of the last {smooth} steps; " if smooth > 1 else ""
+    fig.suptitle(f"RL steps; {smoothing}dotted: ln 2 (Eq. 6)", fontsize=9)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
@@ -441,7 +445,8 @@ def main(argv=None):
             raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
                             f"replace it, another --output_dir, or --rescore {samples_path}")
         os.makedirs(out, exist_ok=True)
-        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit, pick_dtype(args.dtype, device))
+        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
+                                     pick_dtype(args.dtype, device))
         with open(samples_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in done)
             rows = sample(model, tok, records, task, args, example, f, done)

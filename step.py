@@ -129,7 +129,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
     conflict tokens into (GTPO).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
-    "weights" (N, L) lambda or None, "group_size" G}.
+    "weights" (N, L) lambda or None}.
     """
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, one generate call
@@ -184,7 +184,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
                   "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
     if kls:
         m["kl"] = (sum(kls) / mask.sum().clamp(min=1)).item()                        # token mean, as grpo_loss
-    return m, ro, {"rewards": total, "advantages": adv, "weights": weights, "group_size": G}
+    return m, ro, {"rewards": total, "advantages": adv, "weights": weights}
 
 
 def rl_metrics(cfg, ro, total, fmt, cor, h, loss):

@@ -23,7 +23,6 @@ computed from is copied to study/<run>/ and committed: config.json, metrics.json
 eval-<set>.json (eval.py's results.json). The report reads only those.
 """
 import argparse
-import json
 import math
 import os
 import shutil
@@ -32,6 +31,10 @@ import statistics
 import subprocess
 import sys
 import time
+
+import runs
+from data import read_jsonl
+from eval import trailing_mean
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
@@ -67,15 +70,15 @@ RUNS = [  # name              part        seeds      flags after COMMON        w
     ("grpo-hot",        "collapse", (1, 2),    ["--use_grpo", *HOT]),
     ("grpo-kl-hot",     "collapse", (1, 2),    ["--use_grpo", "--beta", "0.04", *HOT]),
 ]
+SEEDS = tuple(sorted({s for *_, ss, _ in RUNS for s in ss}))     # each gets one warm-up
 LAST_N = 5                                              # the table's training columns: mean of the last N RL steps
 
 
 def jobs():
     """(run id, flags, seed) in execution order: warm-ups first, then seed by seed, main part first."""
-    seeds = sorted({s for *_, ss, _ in RUNS for s in ss})
-    out = [(f"warmup-s{s}", WARMUP, s) for s in seeds]
+    out = [(f"warmup-s{s}", WARMUP, s) for s in SEEDS]
     for part in ("main", "ablation", "collapse"):
-        for s in seeds:
+        for s in SEEDS:
             out += [(f"{name}-s{s}", COMMON + flags, s) for name, p, ss, flags in RUNS if p == part and s in ss]
     return out
 
@@ -111,9 +114,21 @@ def call(cmd, log_path, threads):
     return rc, time.time() - t0, bool(stopped)
 
 
+def attempt(run_id, what, argv, log_path, done_path, shard, threads):
+    """One attempt at a training ("train") or an evaluation ("eval-<set>"): run it, record its time,
+    then Stop if the study was stopped, or fail when done_path did not appear."""
+    print(f"[{shard[0]}/{shard[1]}] {what} {run_id}", flush=True)
+    rc, sec, stopped = call(argv, log_path, threads)
+    done = rc == 0 and os.path.exists(done_path)
+    record_time(run_id, what, sec, done, shard)
+    if stopped:
+        raise Stop()
+    if not done:
+        raise SystemExit(f"{what} of {run_id} failed (exit {rc}); see {log_path}")
+
+
 def record_time(run_id, what, seconds, finished, shard):
     """Append one attempt's wall time to study/<run>/times.json."""
-    import runs
     os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
     path = os.path.join(KEEP, run_id, "times.json")
     times = runs.read_json(path) if os.path.isfile(path) else {}
@@ -132,29 +147,20 @@ def train(run_id, flags, seed, shard, threads):
         if os.path.isfile(os.path.join(out, "config.json")):
             argv.append("--resume")
         os.makedirs(out, exist_ok=True)
-        print(f"[{shard[0]}/{shard[1]}] train {run_id}", flush=True)
-        rc, sec, stopped = call(argv, os.path.join(out, "train.log"), threads)
-        done = rc == 0 and os.path.isdir(os.path.join(out, "final"))
-        record_time(run_id, "train", sec, done, shard)
-        if stopped:
-            raise Stop()
-        if not done:
-            raise SystemExit(f"training {run_id} failed (exit {rc}); see {os.path.join(out, 'train.log')}")
+        attempt(run_id, "train", argv, os.path.join(out, "train.log"), os.path.join(out, "final"), shard, threads)
     keep = os.path.join(KEEP, run_id)
     os.makedirs(keep, exist_ok=True)
-    if run_id.startswith("warmup"):                     # the start of every run of this seed: keep its digest
-        digest, path = adapter_digest(os.path.join(out, "final")), os.path.join(keep, "adapter_sha256.txt")
-        if os.path.isfile(path) and open(path).read().strip() != digest:
+    if run_id.startswith("warmup"):                     # the start of every run of this seed: keep its fingerprint
+        found, path = adapter_fingerprint(os.path.join(out, "final")), os.path.join(keep, "adapter_fingerprint.json")
+        if not os.path.isfile(path):
+            runs.write_json(path, {"fingerprint": found})
+        elif runs.read_json(path)["fingerprint"] != found:
             print(f"warning: {run_id} was trained again and differs from the one the finished runs started "
                   f"from (another machine?); the committed results keep the first one's files", flush=True)
-        if not os.path.isfile(path):
-            import runs
-            runs.write_text(path, digest + "\n")
     for f in ("config.json", "metrics.jsonl"):
         if not os.path.isfile(os.path.join(keep, f)) or not finished(run_id):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
-
 
 
 def evaluate(run_id, out, shard, threads):
@@ -168,14 +174,8 @@ def evaluate(run_id, out, shard, threads):
                 "--output_dir", dest]
         if os.path.isfile(os.path.join(dest, "samples.jsonl")):
             argv.append("--resume")
-        print(f"[{shard[0]}/{shard[1]}] eval {run_id} {name}", flush=True)
-        rc, sec, stopped = call(argv, os.path.join(out, "eval.log"), threads)
-        done = rc == 0 and os.path.isfile(os.path.join(dest, "results.json"))
-        record_time(run_id, f"eval-{name}", sec, done, shard)
-        if stopped:
-            raise Stop()
-        if not done:
-            raise SystemExit(f"evaluating {run_id} on {name} failed (exit {rc}); see {os.path.join(out, 'eval.log')}")
+        attempt(run_id, f"eval-{name}", argv, os.path.join(out, "eval.log"), os.path.join(dest, "results.json"),
+                shard, threads)
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
 
 
@@ -193,15 +193,11 @@ def finished(run_id):
     return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in EVALS)))
 
 
-def adapter_digest(folder):
-    """sha256 over the adapter's tensors (sorted by name): is a retrained warm-up the same one?"""
-    import hashlib
-    import torch
+def adapter_fingerprint(folder):
+    """runs.weights_fingerprint of the adapter's tensors in name order: is a retrained warm-up the same one?"""
     from safetensors.torch import load_file
-    h = hashlib.sha256()
-    for name, t in sorted(load_file(os.path.join(folder, "adapter_model.safetensors")).items()):
-        h.update(name.encode() + t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    tensors = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    return list(runs.weights_fingerprint([tensors[k] for k in sorted(tensors)]))
 
 
 def run_all(shard):
@@ -232,8 +228,6 @@ def status():
 
 def load(run_id):
     """metrics rows (RL steps), eval results by set, times of one run; None if it has not finished."""
-    import runs
-    from data import read_jsonl
     d = os.path.join(KEEP, run_id)
     if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
         return None
@@ -273,8 +267,7 @@ COLUMNS = [  # label, function of one run's data -> number or None
 
 def configs():
     """(name, part, seeds) of the warm-up and every configuration of RUNS."""
-    seeds = tuple(sorted({s for *_, ss, _ in RUNS for s in ss}))
-    return [("warmup", "start", seeds)] + [(name, part, ss) for name, part, ss, _ in RUNS]
+    return [("warmup", "start", SEEDS)] + [(name, part, ss) for name, part, ss, _ in RUNS]
 
 
 def summarize():
@@ -288,7 +281,6 @@ def summarize():
 
 
 def write_summary(table):
-    import runs
     def cell(v, digits, seeds):
         if v is None:
             return "–"
@@ -319,7 +311,7 @@ def band(ax, runs_rows, key, scale, color, label, smooth=5):
         y = [(r["step"], scale * r[key]) for r in rows if key in r]
         if y:
             steps, vals = zip(*y)
-            curves.append((steps, [statistics.fmean(vals[max(0, i - smooth + 1):i + 1]) for i in range(len(vals))]))
+            curves.append((steps, trailing_mean(vals, smooth)))
     if not curves:
         return
     n = min(len(c[1]) for c in curves)
@@ -407,7 +399,8 @@ def report():
                 os.path.join(KEEP, "curves-ablation.png"))
     plot_curves(parts["collapse"], "Collapse setting: learning rate 1e-3", os.path.join(KEEP, "curves-collapse.png"))
     plot_passk(os.path.join(KEEP, "passk.png"))
-    print(f"wrote {KEEP}/summary.md, summary.json, curves-main.png, curves-ablation.png, curves-collapse.png, passk.png")
+    print(f"wrote {KEEP}/: summary.md, summary.json, curves-main.png, curves-ablation.png, curves-collapse.png, "
+          f"passk.png")
 
 
 def main(argv=None):

@@ -36,7 +36,7 @@ def fig9():
     w, _, n = gtpo.conflict_weights(ids, mask, adv)
     ro = Rollout(ids[:, :1], torch.ones(len(seqs), 1, dtype=torch.long), ids, mask,
                  torch.zeros(len(seqs), dtype=torch.bool), texts)
-    return tok, ro, {"rewards": rewards, "advantages": adv, "weights": w, "group_size": len(FIG9), "n": n}
+    return tok, ro, {"rewards": rewards, "advantages": adv, "weights": w, "n": n}
 
 
 def test_counts_and_lambdas_equal_conflict_weights(fig9, tmp_path):
@@ -58,7 +58,7 @@ def test_counts_and_lambdas_equal_conflict_weights(fig9, tmp_path):
     assert s["conflict_positions"] == int(scored["n"].sum()) and s["format_positions"] == in_fmt
     assert s["top"]["any"][0][2] == int(c["any"].max())
     # the rows kept in samples.jsonl redraw the same lambdas, token by token
-    rows = group_rows(tok, ro, scored, 0, 7, "What is 2 + 2?", "4")
+    rows = group_rows(tok, ro, scored, range(len(FIG9)), 7, "What is 2 + 2?", "4")
     for i, r in enumerate(rows):
         n = int(mask[i].sum())
         assert r["lambda"] == w[i, :n].tolist() and len(r["tokens"]) == n

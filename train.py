@@ -20,7 +20,8 @@ import torch
 
 import step as steps
 from conflicts import ConflictLog, format_token_ids, group_rows
-from data import TASKS, DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example, task_name
+from data import (TASKS, DataError, check_data_dir, filter_by_prompt_length, format_prompt, load_task, one_shot_example,
+                  task_name)
 from models import ALIASES, ModelError, load_model, pick_dtype
 from rollout import PolicyPass
 from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir,
@@ -70,7 +71,8 @@ def build_parser():
     # data and sampling
     a("--batch_size", type=int, default=1, help="PROMPTS per optimizer step; each gets --generation_size completions")
     a("--generation_size", type=int, default=None, help="G, completions per prompt" + d("generation_size"))
-    a("--micro_batch_size", type=int, default=None, help="completions per forward/backward, 0 = all" + d("micro_batch_size"))
+    a("--micro_batch_size", type=int, default=None,
+      help="completions per forward/backward, 0 = all" + d("micro_batch_size"))
     a("--logprob_chunk", type=int, default=256,
       help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
     on = dict(action=argparse.BooleanOptionalAction, default=True)
@@ -78,8 +80,10 @@ def build_parser():
     a("--merge_lora", **on, help="sample with LoRA merged into copies of the base weights (base untouched)")
     a("--epochs", type=int, default=1, help="passes over the training prompts (Listing 1: 1)")
     a("--max_steps", type=int, default=None, help="optimizer steps, -1 = --epochs decide" + d("max_steps"))
-    a("--max_prompt_length", type=int, default=None, help="longer prompts are dropped (and counted)" + d("max_prompt_length"))
-    a("--max_completion_length", type=int, default=None, help="max new tokens per completion" + d("max_completion_length"))
+    a("--max_prompt_length", type=int, default=None,
+      help="longer prompts are dropped (and counted)" + d("max_prompt_length"))
+    a("--max_completion_length", type=int, default=None,
+      help="max new tokens per completion" + d("max_completion_length"))
     a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
     a("--one_shot", action=argparse.BooleanOptionalAction, default=None,
       help="show one worked example (tag format) before the question" + d("one_shot"))
@@ -90,7 +94,8 @@ def build_parser():
     a("--adam_beta1", type=float, default=None, help="Adam beta1 (GTPO 0.999999; GRPO/SFT 0.9)")
     a("--adam_beta2", type=float, default=None, help="Adam beta2 (GTPO 0.999999; GRPO/SFT 0.95)")
     a("--weight_decay", type=float, default=0.1, help="AdamW weight decay (Listing 1: 0.1)")
-    a("--warmup_ratio", type=float, default=None, help="linear warm-up fraction of a cosine schedule" + d("warmup_ratio"))
+    a("--warmup_ratio", type=float, default=None,
+      help="linear warm-up fraction of a cosine schedule" + d("warmup_ratio"))
     a("--max_grad_norm", type=float, default=0.1, help="gradient clipping norm (Listing 1: 0.1)")
     a("--lora_rank", type=int, default=None, help="LoRA rank on q,k,v,o,gate,up,down (Llama 128, Qwen 64); 0 = full fine-tuning")
     a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None,
@@ -113,7 +118,8 @@ def build_parser():
     a("--entropy_filter", choices=["auto", "all", "neg", "off"], default="auto",
       help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off. GRPO: auto = off; "
            "all/neg add the filter and -gamma <H>_i to GRPO (App. 14)")
-    a("--ent_ini_prompts", type=int, default=None, help="training prompts used to measure <H>_ini" + d("ent_ini_prompts"))
+    a("--ent_ini_prompts", type=int, default=None,
+      help="training prompts used to measure <H>_ini" + d("ent_ini_prompts"))
     a("--scale_rewards", action=argparse.BooleanOptionalAction, default=True,
       help="divide advantages by the group std (Eq. 8); --no-scale_rewards = released code")
     # logging
@@ -130,8 +136,9 @@ def parse_args(argv=None):
     for k, v in PAPER.items():
         if getattr(args, k) is None:
             setattr(args, k, profile.get(k, v))
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.load_in_4bit is None:                       # Listing 1 on a GPU; on CPU only when asked
-        args.load_in_4bit = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        args.load_in_4bit = args.device.startswith("cuda")
     if args.lora_rank is None:                          # Listing 1: 128 for LLaMA, 64 for Qwen
         args.lora_rank = ALIASES.get(args.model, (None, 64))[1]
     b1, b2 = BETAS[args.method]
@@ -142,9 +149,7 @@ def parse_args(argv=None):
                           f"a group and need G >= 2 (the paper uses 8 or 12); for one sample per prompt use --use_sft")
     if args.batch_size < 1:
         raise ConfigError("--batch_size must be >= 1 (prompts per optimizer step)")
-    if args.data_dir and not os.path.isdir(args.data_dir):
-        raise ConfigError(f"data folder {args.data_dir!r} (--data_dir) does not exist; give the folder that holds "
-                          f"<dataset>/<split>.jsonl, e.g. ../shared/data")
+    check_data_dir(args.data_dir)                       # before the model loads
     if args.max_steps == 0 or args.max_steps < -1:
         raise ConfigError(f"--max_steps {args.max_steps}: give a number of optimizer steps >= 1, "
                           f"or -1 to let --epochs decide")
@@ -259,7 +264,7 @@ def step_records(records, step, steps_per_epoch, n, dist, seed, wrap=False):
 def main(argv=None):
     args = parse_args(argv)
     stop = StopFlag()
-    dist = Dist(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dist = Dist(args.device)
     try:
         return train(args, dist, stop)
     finally:
@@ -363,7 +368,7 @@ def run_step(args, cfg, step, steps_per_epoch, records, example, model, policy, 
     m, ro, scored = steps.rl_step(model, policy, tok, prompts, [r["answer"] for r in batch], cfg, ref_model, clock,
                                   conflict_log=conflict_log)
     if args.sample_every and (step % args.sample_every == 0 or step == total_steps - 1):   # the first group, whole
-        metrics.samples(group_rows(tok, ro, scored, 0, step + 1, batch[0]["question"], batch[0]["answer"]))
+        metrics.samples(group_rows(tok, ro, scored, range(G), step + 1, batch[0]["question"], batch[0]["answer"]))
     return {**head, **m}
 
 
