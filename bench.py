@@ -40,7 +40,7 @@ import time
 import torch
 
 import gtpo
-from models import load_model
+from models import heap_mmap_threshold, load_model
 
 MB = 2 ** 20
 
@@ -74,11 +74,15 @@ def measure(fn, device, repeats):
     return statistics.median(times), peak
 
 
+CHILD_FLAGS = []                                    # main's process-wide flags, passed on to each probe
+
+
 def in_child(probe, cfg, device):
     """Run a probe in a fresh process on CPU (a clean peak-RSS counter); in-process on CUDA."""
     if device.startswith("cuda"):
         return PROBES[probe](cfg, device)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", probe, "--probe_cfg", json.dumps(cfg)],
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", probe, "--probe_cfg", json.dumps(cfg),
+                        *CHILD_FLAGS],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
     if r.returncode != 0:
         raise RuntimeError(f"probe {probe} {cfg} failed:\n{r.stderr[-2000:]}")
@@ -417,9 +421,15 @@ def main():
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
+    p.add_argument("--heap_mmap_mb", type=float, default=None,
+                   help="as train.py's flag (default: 1 on CPU, 0 on CUDA)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.heap_mmap_mb is None:
+        args.heap_mmap_mb = 0.0 if args.device.startswith("cuda") else 1.0
+    heap_mmap_threshold(args.heap_mmap_mb)
+    CHILD_FLAGS[:] = ["--heap_mmap_mb", str(args.heap_mmap_mb)]
     if args.probe:                                                            # child process
         print(json.dumps(PROBES[args.probe](json.loads(args.probe_cfg), args.device)))
         return

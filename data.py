@@ -144,13 +144,15 @@ _ITEMS = ["apples", "books", "coins", "marbles", "pencils", "stickers", "shells"
 def arithmetic_task(split="train", n=None, seed=0):
     """Deterministic word problems with small numbers, e.g. "Ava has 7 apples. She buys 5
     more and gives 3 away. How many apples does Ava have now?" -> "9", with a worked
-    solution. train and test use disjoint seeds. split "hard": the same four kinds with
-    larger numbers (a 21-99, b 2-25 instead of 2-20 and 2-12), an out-of-distribution test."""
+    solution. train and test use disjoint seeds. Two out-of-distribution splits: "hard", the same
+    four kinds with larger numbers (a 21-99, b 2-25 instead of 2-20 and 2-12), and "reworded", the
+    same four kinds and numbers in sentences the train split never uses."""
     n = n if n is not None else {"train": 2000, "test": 200}.get(split, 200)
     rng = random.Random(f"arithmetic-{split}-{seed}")
     # other splits never repeat a question of the (default-size) train split
     exclude = set() if split == "train" else {r["question"] for r in arithmetic_task("train", seed=seed)}
     (a_lo, a_hi), b_hi = ((21, 99), 25) if split == "hard" else ((2, 20), 12)
+    reworded = split == "reworded"
     out = []
     while len(out) < n:
         who, what = rng.choice(_NAMES), rng.choice(_ITEMS)
@@ -159,20 +161,28 @@ def arithmetic_task(split="train", n=None, seed=0):
         if kind == 0:
             c = rng.randint(1, a + b - 1)
             q = f"{who} has {a} {what}. {who} gets {b} more and then gives {c} away. How many {what} does {who} have now?"
+            if reworded:
+                q = f"After receiving {b} {what} as a gift, {who} lost {c} of them. {who} had {a} {what} before the gift. How many {what} are left?"
             s = f"{who} starts with {a} {what}. After getting {b} more: {a} + {b} = {a + b}. After giving {c} away: {a + b} - {c} = {a + b - c}."
             ans = a + b - c
         elif kind == 1:
             q = f"{who} buys {a} boxes of {what} with {b} {what} in each box. How many {what} does {who} buy?"
+            if reworded:
+                q = f"A shelf holds {a} bags, and every bag contains {b} {what}. What is the total number of {what} on the shelf?"
             s = f"There are {a} boxes with {b} {what} each, so {a} * {b} = {a * b} {what}."
             ans = a * b
         elif kind == 2:
             total = a * b
             q = f"{who} shares {total} {what} equally among {b} friends. How many {what} does each friend get?"
+            if reworded:
+                q = f"{total} {what} are split into {b} piles of the same size. How many {what} are in one pile?"
             s = f"{total} {what} shared among {b} friends is {total} / {b} = {a} each."
             ans = a
         else:
             c = rng.randint(2, 9)
             q = f"{who} has {a} {what}, buys {b} more, and then doubles the collection and adds {c}. How many {what} does {who} have?"
+            if reworded:
+                q = f"Take {a} {what} and add {b}. Multiply the result by 2, then add {c} more {what}. How many {what} is that?"
             s = f"{a} + {b} = {a + b}. Doubling gives 2 * {a + b} = {2 * (a + b)}. Adding {c} gives {2 * (a + b)} + {c} = {2 * (a + b) + c}."
             ans = 2 * (a + b) + c
         if q not in exclude:

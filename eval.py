@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import torch
 
@@ -292,7 +293,9 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
     model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype, log=log)
     if adapter:
         from peft import PeftModel
-        model = PeftModel.from_pretrained(model, adapter)
+        with warnings.catch_warnings():     # PEFT reads a property transformers has deprecated: not the user's concern
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = PeftModel.from_pretrained(model, adapter)
     return model.eval(), tok
 
 

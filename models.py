@@ -1,4 +1,5 @@
 """Model loading: aliases, the embedded offline model, 4-bit (CUDA), LoRA (App. 16.2, Listing 1)."""
+import ctypes
 import importlib.util
 import logging
 import os
@@ -22,6 +23,24 @@ ALIASES = {
 }
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def heap_mmap_threshold(mb):
+    """Fix glibc's mmap threshold at `mb` MB so freed tensors above it go back to the OS at once.
+
+    By default glibc serves blocks below the threshold from a heap it rarely returns, and raises
+    the threshold (up to 32 MB) each time a large block is freed; a training step's many 1-30 MB
+    activation tensors then pile up in a fragmented heap. Measured on the demo's SFT step (4
+    solutions a pass): peak RSS 4.5 GB by default, 2.6 GB with 1 MB (README, Performance).
+    Returns whether it was set (glibc only; mb <= 0 keeps glibc's default)."""
+    if mb <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:                         # not glibc (macOS, musl): nothing to do
+        return False
+    M_MMAP_THRESHOLD = -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mb * 2**20)))
 
 
 class ModelError(ValueError):

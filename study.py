@@ -5,8 +5,10 @@ RUNS below is the whole experiment, one line per configuration. Every seed first
 warm-up (WARMUP: the demo's 4 steps of 8 worked solutions); every run of that seed starts from it
 (train.py --init_from) with the same budget (COMMON: steps, prompts per step, G, tokens). Each
 finished run's final adapter is evaluated with eval.py on the arithmetic test split (in
-distribution) and the `hard` split (larger numbers: out of distribution, the role AIME plays in
-the paper), with the same n, k and sampling seed for all.
+distribution) and the `reworded` split (the same sums in sentences training never shows: out of
+distribution, the role AIME plays in the paper), with the same n, k and sampling seed for all.
+The `hard` split (larger numbers) was the first OOD set: every model scored <= 1 of 128 samples
+there, so it says nothing; the runs evaluated on it keep that result as eval-hard.json.
 
 Resumable at every level, any number of times: finished steps are skipped, an interrupted training
 continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
@@ -49,7 +51,8 @@ WARMUP = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--
           "--max_steps", "4", "--save_steps", "4"]
 HOT = ["--lr", "1e-3"]                                  # the collapse setting: 5x the demo's learning rate
 EVALS = {"id": ["--dataset", "arithmetic", "--split", "test"],
-         "ood": ["--dataset", "arithmetic", "--split", "hard"]}
+         "ood": ["--dataset", "arithmetic", "--split", "reworded"]}
+RETIRED = "hard"                                        # the first OOD set, kept where it was run (see above)
 EVAL_COMMON = ["--limit", "16", "--n_samples", "8", "--batch_size", "64", "--seed", "0",
                "--max_completion_length", "96"]
 
@@ -232,7 +235,7 @@ def load(run_id):
     if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
         return None
     rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
-    evals = {s: runs.read_json(os.path.join(d, f"eval-{s}.json")) for s in EVALS
+    evals = {s: runs.read_json(os.path.join(d, f"eval-{s}.json")) for s in (*EVALS, RETIRED)
              if os.path.isfile(os.path.join(d, f"eval-{s}.json"))}
     times = runs.read_json(os.path.join(d, "times.json")) if os.path.isfile(os.path.join(d, "times.json")) else {}
     return {"rl": [r for r in rows if r.get("phase") == "rl"], "all": rows, "evals": evals, "times": times}

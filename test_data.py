@@ -110,3 +110,14 @@ def test_real_datasets_load_with_expected_sizes():
         assert len(load_task("math", "train")) == 7498
     first = load_task("gsm8k", "test")[0]
     assert first["answer"] == "18" and "<<" not in first["solution"]
+
+
+def test_reworded_arithmetic_split_keeps_numbers_changes_sentences():
+    reworded, train = arithmetic_task("reworded"), arithmetic_task("train")
+    assert reworded == arithmetic_task("reworded") and len(reworded) == 200
+    openings = {" ".join(r["question"].split()[:2]) for r in train}
+    assert not any(" ".join(r["question"].split()[:2]) in openings for r in reworded)   # no train sentence
+    assert max(int(r["answer"]) for r in reworded) <= max(int(r["answer"]) for r in train)
+    for r in reworded:
+        x, op, y, z = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", r["solution"])[-1]
+        assert eval(f"{x}{op}{y}") == int(z) and z == r["answer"]

@@ -9,6 +9,7 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 
 import eval as ev
 from data import DataError
@@ -223,3 +224,19 @@ def test_resume_keeps_whole_problems_and_refuses_other_flags(tmp_path):
         ev.resumable_rows(str(path), recs, 3)
     with pytest.raises(DataError, match="different question"):
         ev.resumable_rows(str(path), [{"question": "other", "answer": "1"}] + recs[1:], 2)
+
+
+def test_loading_an_adapter_prints_no_warning(tiny_lm, tiny_model_dir, tmp_path):
+    """eval.py --adapter loads a LoRA folder without transformers' deprecation warnings from PEFT,
+    and the loaded adapter is the saved one."""
+    import warnings
+    saved = tiny_lm(lora=True)
+    saved.save_pretrained(tmp_path / "adapter")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model, _ = ev.load_eval_model(tiny_model_dir, str(tmp_path / "adapter"), "cpu", load_in_4bit=False,
+                                      log=lambda *a: None)
+    assert [str(w.message) for w in seen] == []
+    want = {n: p for n, p in saved.named_parameters() if "lora_" in n}
+    got = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)

@@ -242,3 +242,31 @@ def test_chunked_function_gradcheck_float64():
     want = torch.autograd.grad((ref * g).sum(), (h, w, b))
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
+HEAP_PROBE = """
+import sys, torch
+from models import heap_mmap_threshold
+def rss_mb():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+was_set = heap_mmap_threshold(float(sys.argv[1]))
+big = torch.ones(4 * 2**20); del big                 # a 16 MB block freed: glibc raises its threshold
+blocks = [torch.ones(2**19) for _ in range(200)]     # 200 x 2 MB, like a step's activations
+peak = rss_mb()
+del blocks[::2]                                      # every other one freed: holes in a heap
+print(was_set, peak - rss_mb())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux /proc")
+def test_heap_mmap_threshold_returns_freed_tensors_to_the_os():
+    """--heap_mmap_mb (default 1 on CPU): freed 2 MB tensors leave the process at once; with 0
+    (glibc's default) they stay in its heap. Each case in a fresh process."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = {mb: subprocess.run([sys.executable, "-c", HEAP_PROBE, mb], capture_output=True, text=True, cwd=here,
+                              check=True).stdout.split() for mb in ("1", "0")}
+    assert out["1"][0] == "True" and float(out["1"][1]) > 150         # ~200 MB of 400 MB freed went back
+    assert out["0"][0] == "False" and float(out["0"][1]) < 50
+    assert train.parse_args(["--device", "cpu"]).heap_mmap_mb == 1.0
