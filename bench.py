@@ -421,13 +421,10 @@ def main():
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
-    p.add_argument("--heap_mmap_mb", type=float, default=None,
-                   help="as train.py's flag (default: 1 on CPU, 0 on CUDA)")
+    p.add_argument("--heap_mmap_mb", type=float, default=0.0, help="as train.py's flag (default 0: glibc's)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.heap_mmap_mb is None:
-        args.heap_mmap_mb = 0.0 if args.device.startswith("cuda") else 1.0
     heap_mmap_threshold(args.heap_mmap_mb)
     CHILD_FLAGS[:] = ["--heap_mmap_mb", str(args.heap_mmap_mb)]
     if args.probe:                                                            # child process

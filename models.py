@@ -31,7 +31,8 @@ def heap_mmap_threshold(mb):
     By default glibc serves blocks below the threshold from a heap it rarely returns, and raises
     the threshold (up to 32 MB) each time a large block is freed; a training step's many 1-30 MB
     activation tensors then pile up in a fragmented heap. Measured on the demo's SFT step (4
-    solutions a pass): peak RSS 4.5 GB by default, 2.6 GB with 1 MB (README, Performance).
+    solutions a pass): peak RSS 4.5 GB by default, 2.6 GB with 1 MB; but every large tensor is
+    then a fresh mmap with page faults, and the RL step takes ~20% longer (README, Performance).
     Returns whether it was set (glibc only; mb <= 0 keeps glibc's default)."""
     if mb <= 0:
         return False

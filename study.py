@@ -302,6 +302,12 @@ def write_summary(table):
                  f"(format and accuracy as % of their 10 points); time spent by the workers on all runs and "
                  f"evaluations so far: {total / 3600:.2f} h, summed over workers (with 2 workers the wall time is "
                  f"about half; each run's times.json has every attempt).")
+    hard = [d["evals"][RETIRED] for name, _, seeds in configs() for s in seeds
+            for d in [load(f"{name}-s{s}")] if d and RETIRED in d["evals"]]
+    if hard:
+        lines.append(f"\nThe first OOD set, the `{RETIRED}` split, was evaluated for {len(hard)} runs before it was "
+                     f"retired: pass@1 <= {max(r['pass@k']['1'] for r in hard):.3f} and pass@8 <= "
+                     f"{max(r['pass@k']['8'] for r in hard):.3f} for every one of them (eval-{RETIRED}.json).")
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), table)
     print("\n".join(lines))

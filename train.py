@@ -103,9 +103,9 @@ def build_parser():
     a("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
       help="weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)")
     a("--gradient_checkpointing", action="store_true", help="trade compute for activation memory")
-    a("--heap_mmap_mb", type=float, default=None,
-      help="CPU: freed blocks above this size (MB) go back to the OS at once (glibc); 0 = glibc default "
-           "[default: 1 on CPU, 0 on CUDA]")
+    a("--heap_mmap_mb", type=float, default=0.0,
+      help="freed blocks above this size (MB) go back to the OS at once (glibc): 1 cuts the demo's peak RSS "
+           "4.5 -> 2.8 GB, steps ~20%% slower; 0 = glibc's default")
     a("--sft_warmup_steps", type=int, default=None,
       help="SFT steps (batch_size x G worked solutions each) before RL" + d("sft_warmup_steps"))
     # GRPO
@@ -140,8 +140,6 @@ def parse_args(argv=None):
         if getattr(args, k) is None:
             setattr(args, k, profile.get(k, v))
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.heap_mmap_mb is None:                       # host memory only matters where the tensors live
-        args.heap_mmap_mb = 0.0 if args.device.startswith("cuda") else 1.0
     if args.load_in_4bit is None:                       # Listing 1 on a GPU; on CPU only when asked
         args.load_in_4bit = args.device.startswith("cuda")
     if args.lora_rank is None:                          # Listing 1: 128 for LLaMA, 64 for Qwen
@@ -279,7 +277,7 @@ def main(argv=None):
 
 def train(args, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
-    heap_mmap_threshold(args.heap_mmap_mb)              # before any tensor: peak RSS (README, Performance)
+    heap_mmap_threshold(args.heap_mmap_mb)              # before any tensor (README, Performance: memory)
     if dist.main:
         prepare_output_dir(args.output_dir, vars(args), args.resume, args.overwrite)
     dist.barrier()
