@@ -20,14 +20,13 @@ import json
 import math
 import os
 import sys
-import warnings
 
 import torch
 
 import conflicts
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
-from models import ModelError, load_model, pick_dtype
+from models import ModelError, load_model, pick_dtype, quiet_peft
 from rewards import answers_equal, extract_answer, score
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
@@ -293,8 +292,7 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
     model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype, log=log)
     if adapter:
         from peft import PeftModel
-        with warnings.catch_warnings():     # PEFT reads a property transformers has deprecated: not the user's concern
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_peft():
             model = PeftModel.from_pretrained(model, adapter)
     return model.eval(), tok
 

@@ -1,4 +1,5 @@
 """Model loading: aliases, the embedded offline model, 4-bit (CUDA), LoRA (App. 16.2, Listing 1)."""
+import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -129,6 +130,15 @@ def pick_dtype(name, device):
     return DTYPES[name]
 
 
+@contextlib.contextmanager
+def quiet_peft():
+    """PEFT reads `is_gradient_checkpointing`, which transformers has deprecated: a FutureWarning
+    that is not the user's concern. Exactly that one warning is filtered; every other still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=None,
                gradient_checkpointing=False, log=print):
     """(model, tokenizer, info). lora_rank None = the alias's rank; 0 = full fine-tuning.
@@ -182,8 +192,7 @@ def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=Non
         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]
         cfg = LoraConfig(r=lora_rank, lora_alpha=lora_rank, lora_dropout=0.0, target_modules=targets,
                          task_type="CAUSAL_LM")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_peft():
             model = get_peft_model(model, cfg)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {"path": path, "lora_rank": lora_rank, "quantized_4bit": quantized, "dtype": str(dtype),

@@ -31,6 +31,7 @@ class StepConfig:
     max_completion_length: int
     temperature: float = 1.0
     micro_batch_size: int = 0       # completions per forward/backward; 0 = all at once
+    sft_micro_batch_size: int = 0   # worked solutions per forward/backward in SFT; 0 = micro_batch_size
     logprob_chunk: int = 256        # completion tokens per LM-head chunk; 0 = full (N, L, V) logits
     share_prompt: bool = True       # each prompt computed once per group, in the rollout and the policy pass
     merge_lora: bool = True         # sample with LoRA merged into copies of the weights (rollout.merged_lora)
@@ -219,10 +220,10 @@ def sft_batch(tokenizer, records, example, device):
 
 def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
     """Mean token NLL of the records' worked solutions (SFT, or the warm-up before RL), over
-    micro-batches of cfg.micro_batch_size records; backward."""
+    micro-batches of cfg.sft_micro_batch_size (else cfg.micro_batch_size) records; backward."""
     p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
     N = len(records)
-    mb, n_tokens = cfg.micro_batch_size or N, c_mask.sum().clamp(min=1).float()
+    mb, n_tokens = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, c_mask.sum().clamp(min=1).float()
     loss_sum = 0.0
     for s in range(0, N, mb):
         rows = slice(s, s + mb)

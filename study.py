@@ -48,7 +48,8 @@ KEEP = os.path.join(HERE, "study")                     # small files, committed
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5"]
 WARMUP = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
-          "--max_steps", "4", "--save_steps", "4"]
+          "--max_steps", "4", "--save_steps", "4",
+          "--sft_micro_batch_size", "4"]                # as the committed warm-ups ran (same sums, same weights)
 HOT = ["--lr", "1e-3"]                                  # the collapse setting: 5x the demo's learning rate
 EVALS = {"id": ["--dataset", "arithmetic", "--split", "test"],
          "ood": ["--dataset", "arithmetic", "--split", "reworded"]}

@@ -270,3 +270,19 @@ def test_heap_mmap_threshold_returns_freed_tensors_to_the_os():
     assert out["1"][0] == "True" and float(out["1"][1]) > 150         # ~200 MB of 400 MB freed went back
     assert out["0"][0] == "False" and float(out["0"][1]) < 50
     assert train.parse_args([]).heap_mmap_mb == 0.0
+
+
+def test_load_model_with_lora_is_quiet_but_hides_nothing_else(tiny_model_dir):
+    """train.py's LoRA wrapping prints no deprecation noise from PEFT (models.quiet_peft), and
+    quiet_peft filters exactly that one warning: any other still reaches the user."""
+    import warnings
+    from models import load_model, quiet_peft
+    load_model(tiny_model_dir, lora_rank=4, log=lambda *a: None)     # import-time notices of libraries: once
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model, _, info = load_model(tiny_model_dir, lora_rank=4, log=lambda *a: None)
+        with quiet_peft():
+            warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning)
+            warnings.warn("something else", UserWarning)
+    assert [str(w.message) for w in seen] == ["something else"]
+    assert info["lora_rank"] == 4 and any("lora_" in n for n, _ in model.named_parameters())

@@ -32,13 +32,13 @@ from runs import (ConfigError, Dist, MetricsLog, SaveError, StopFlag, load_start
 
 PAPER = dict(lr=1e-6, generation_size=12, max_prompt_length=4000, max_completion_length=1500,
              warmup_ratio=0.005, save_steps=500, ent_ini_prompts=100, sft_warmup_steps=0,
-             one_shot=False, max_steps=-1, micro_batch_size=0)
+             one_shot=False, max_steps=-1, micro_batch_size=0, sft_micro_batch_size=0)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo
 # shows it one worked example in the prompt (one_shot) and uses a LoRA-sized learning rate.
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.05, save_steps=20,
                                  ent_ini_prompts=16, one_shot=True, sft_warmup_steps=4, max_steps=36,
-                                 micro_batch_size=4)}     # 4 completions per backward: peak RSS < 3 GB
+                                 micro_batch_size=4, sft_micro_batch_size=2)}   # peak RSS < 3 GB (README)
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Listing 1
 
@@ -73,6 +73,8 @@ def build_parser():
     a("--generation_size", type=int, default=None, help="G, completions per prompt" + d("generation_size"))
     a("--micro_batch_size", type=int, default=None,
       help="completions per forward/backward, 0 = all" + d("micro_batch_size"))
+    a("--sft_micro_batch_size", type=int, default=None,
+      help="worked solutions per forward/backward in SFT steps, 0 = as --micro_batch_size" + d("sft_micro_batch_size"))
     a("--logprob_chunk", type=int, default=256,
       help="completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) logits)")
     on = dict(action=argparse.BooleanOptionalAction, default=True)
