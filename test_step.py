@@ -152,11 +152,13 @@ def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, 
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     records = arithmetic_task("train")[:5]
     out = {}
-    for mb in (0, 2):
+    for mb, sft_mb in ((0, 0), (2, 0), (4, 2)):        # sft_micro_batch_size overrides micro_batch_size
         model.zero_grad()
         cfg = step.StepConfig(method="sft", task="arithmetic", generation_size=1, max_completion_length=8,
-                              micro_batch_size=mb)
-        out[mb] = (step.sft_step(model, tok, records, None, cfg, "cpu")["loss"], grads(model))
-    assert out[2][0] == pytest.approx(out[0][0], abs=1e-6) and out[0][0] > 0
-    for n, g in out[0][1].items():
-        torch.testing.assert_close(out[2][1][n], g, atol=1e-6, rtol=1e-5, msg=n)
+                              micro_batch_size=mb, sft_micro_batch_size=sft_mb)
+        out[mb, sft_mb] = (step.sft_step(model, tok, records, None, cfg, "cpu")["loss"], grads(model))
+    assert out[2, 0][0] == pytest.approx(out[0, 0][0], abs=1e-6) and out[0, 0][0] > 0
+    for n, g in out[0, 0][1].items():
+        torch.testing.assert_close(out[2, 0][1][n], g, atol=1e-6, rtol=1e-5, msg=n)
+        assert torch.equal(out[4, 2][1][n], out[2, 0][1][n]), n   # the same passes of 2: bit-identical
+    assert out[4, 2][0] == out[2, 0][0]
