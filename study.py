@@ -265,8 +265,18 @@ COLUMNS = [  # label, function of one run's data -> number or None
     ("OOD pass@1", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("1")),
     ("OOD pass@8", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("8")),
     ("OOD maj@8", lambda d: d["evals"].get("ood", {}).get("maj@k", {}).get("8")),
+    ("entropy max", lambda d: max((r["entropy"] for r in d["rl"] if "entropy" in r), default=None)),
+    ("KL max", lambda d: max((r["kl"] for r in d["rl"] if "kl" in r), default=None)),
     ("train min/run", lambda d: sum(t["seconds"] for t in d["times"].get("train", [])) / 60 or None),
 ]
+PAIRS = [  # the paper's comparisons: A - B seed by seed (the runs of one seed share warm-up and prompts)
+    ("Fig. 2", "gtpo", "grpo"), ("Fig. 2", "gtpo", "grpo-kl"), ("Fig. 2-3", "gtpo", "sft"),
+    ("Fig. 4 (delta_i = 1 in gtpo here)", "gtpo-delta", "gtpo"),
+    ("Fig. 5", "gtpo-masks-only", "gtpo"), ("Fig. 5", "gtpo-masks-only", "grpo"),
+    ("App. 13", "gtpo-onlyneg", "gtpo"), ("App. 14", "grpo-entropy", "grpo"), ("App. 14", "gtpo", "grpo-entropy"),
+    ("Fig. 1, lr 1e-3", "gtpo-hot", "grpo-hot"), ("Fig. 1, lr 1e-3", "gtpo-hot", "grpo-kl-hot"),
+]
+PAIR_COLUMNS = ["accuracy % (last 5)", "entropy (last 5)", "entropy max", "ID pass@1", "ID pass@8", "OOD pass@1"]
 
 
 def configs():
@@ -282,6 +292,36 @@ def summarize():
         cells = {label: mean_std([f(d) for d in data]) for label, f in COLUMNS}
         table.append({"config": name, "part": part, "seeds_done": len(data), "seeds": len(seeds), **cells})
     return table
+
+
+def paired(a, b):
+    """{column: [(seed, A - B), ...]} over the seeds where both runs have finished and the column exists."""
+    cols = dict(COLUMNS)
+    both = [(s, load(f"{a}-s{s}"), load(f"{b}-s{s}")) for s in SEEDS]
+    out = {}
+    for label in PAIR_COLUMNS:
+        vals = [(s, cols[label](da), cols[label](db)) for s, da, db in both if da and db]
+        out[label] = [(s, va - vb) for s, va, vb in vals if va is not None and vb is not None]
+    return out
+
+
+def pair_lines():
+    """The paired table of summary.md: each seed's difference, and in how many seeds A is above B."""
+    head = ["paper", "A - B", "seeds"] + PAIR_COLUMNS
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for claim, a, b in PAIRS:
+        diffs = paired(a, b)
+        n = max(len(d) for d in diffs.values())
+        if n == 0:
+            continue
+        cells = []
+        for label in PAIR_COLUMNS:
+            d = [x for _, x in diffs[label]]
+            digits = 1 if "%" in label else 3
+            cells.append(" ".join(f"{x:+.{digits}f}" for x in d) + f" ({sum(x > 0 for x in d)}+ {sum(x < 0 for x in d)}-)"
+                         if d else "–")
+        lines.append("| " + " | ".join([claim, f"{a} - {b}", str(n)] + cells) + " |")
+    return lines
 
 
 def write_summary(table):
@@ -303,6 +343,8 @@ def write_summary(table):
                  f"(format and accuracy as % of their 10 points); time spent by the workers on all runs and "
                  f"evaluations so far: {total / 3600:.2f} h, summed over workers (with 2 workers the wall time is "
                  f"about half; each run's times.json has every attempt).")
+    lines += [f"\nPaired by seed: A - B for each seed both have finished, in seed order; (k+ m-) counts the "
+              f"seeds where A is above / below B.\n"] + pair_lines()
     hard = [d["evals"][RETIRED] for name, _, seeds in configs() for s in seeds
             for d in [load(f"{name}-s{s}")] if d and RETIRED in d["evals"]]
     if hard:

@@ -51,3 +51,16 @@ def test_summary_recomputes_from_committed_files(tmp_path, monkeypatch):
     for f in ("summary.md", "summary.json", "curves-main.png", "curves-ablation.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert "| gtpo | main | 2/3 | 50.0 ± 14.1 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_paired_differences_use_only_seeds_both_runs_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    _write_run(tmp_path, "gtpo-s1", [0, 0, 2, 4, 6, 8, 10], 0.10)
+    _write_run(tmp_path, "gtpo-s2", [0, 0, 4, 4, 4, 4, 4], 0.20)
+    _write_run(tmp_path, "grpo-s1", [0, 0, 0, 0, 0, 0, 0], 0.25)     # seed 2 of grpo has not finished
+    d = study.paired("gtpo", "grpo")
+    assert [s for s, _ in d["ID pass@1"]] == [1]
+    assert d["ID pass@1"][0][1] == pytest.approx(-0.15) and d["accuracy % (last 5)"] == [(1, 0.0)]
+    assert d["OOD pass@1"] == []
+    row = next(line for line in study.pair_lines() if "| gtpo - grpo |" in line)
+    assert "| -0.150 (0+ 1-) |" in row and row.endswith("| – |")
