@@ -21,7 +21,7 @@
               policy-gradient loss, one optimizer step. Decode tokens/s is set beside a bound:
               G x measured streaming-read bandwidth / bytes of weights (each token reads them all).
 4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
-              forced tokens, default against plain; one round after a warm-up.
+              forced tokens, micro-batches of 4, default against plain; one round after a warm-up.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
@@ -256,8 +256,9 @@ def bench_prompt(tok, prompt_tokens):
     return make(q), recs[1]["answer"]
 
 
-def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
-    """Medians over `rounds` (after one warm-up round) of step.rl_step's stages, methods alternating."""
+def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_size=0):
+    """Medians over `rounds` (after one warm-up round) of step.rl_step's stages, methods alternating;
+    micro_batch_size completions per forward/backward (0: all in one pass)."""
     import step as steps
     import train
     flags = {"gtpo": ["--use_gtpo"], "gtpo logged": ["--use_gtpo"],      # logged: with a conflicts.ConflictLog
@@ -268,7 +269,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
     for name in names:    # the demo's flags, all completions in one pass; the entropy gate on, so its cost is in
         a = train.parse_args(["--generation_size", str(G), "--max_completion_length", str(new_tokens),
                               "--logprob_chunk", str(args.logprob_chunk), "--device", args.device,
-                              "--micro_batch_size", "0"] + flags[name])
+                              "--micro_batch_size", str(micro_batch_size)] + flags[name])
         cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=new_tokens)
     torch.manual_seed(0)
     model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)
@@ -302,7 +303,8 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0):
         med["total"] = statistics.median(sum(p.values()) for p in rows)
         med["completion_tokens_per_s"] = G * new_tokens / med["generate"]
         shared = name != "floor" and cfgs[name].share_prompt
-        med["policy_tokens"] = (P if shared else G * P) + G * new_tokens      # through the policy pass
+        passes = -(-G // micro_batch_size) if micro_batch_size else 1          # each pass computes its prompt once
+        med["policy_tokens"] = (P * passes if shared else G * P) + G * new_tokens   # through the policy pass
         out[name] = med
     return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes}
 
@@ -403,11 +405,12 @@ def report_step(args, res):
 
 def report_paper_step(args, res):
     """Part 4: a paper-shaped step (G=12, prompt ~250 tokens, 512 forced tokens): the default step
-    against the plain one (no prompt sharing, no merged LoRA)."""
-    st, shape = bench_step(args, 12, 512, 1, ["gtpo", "gtpo plain"], prompt_tokens=250)
+    against the plain one (no prompt sharing, no merged LoRA), 4 completions per forward/backward
+    (all 12 at once would keep ~2 MB of activations per token: 12-18 GB)."""
+    st, shape = bench_step(args, 12, 512, 1, ["gtpo", "gtpo plain"], prompt_tokens=250, micro_batch_size=4)
     res["paper_step"] = {**st, "shape": shape, "gtpo_over_plain": st["gtpo"]["total"] / st["gtpo plain"]["total"]}
     print_step_table(f"\n4. paper-shaped step, embedded model, 1 prompt ({shape['prompt_tokens']} tokens) x G=12 x 512 "
-                     f"tokens (1 round after a warm-up, seconds)", st)
+                     f"tokens, micro-batches of 4 (1 round after a warm-up, seconds)", st)
     print(f"   gtpo / gtpo plain {res['paper_step']['gtpo_over_plain']:.3f}")
 
 
