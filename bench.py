@@ -266,7 +266,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
              "gtpo plain": ["--use_gtpo", "--no-share_prompt", "--no-merge_lora"],
              "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
-    for name in names:    # the demo's flags, all completions in one pass; the entropy gate on, so its cost is in
+    for name in names:    # the demo's flags and micro_batch_size; the entropy gate on, so its cost is counted
         a = train.parse_args(["--generation_size", str(G), "--max_completion_length", str(new_tokens),
                               "--logprob_chunk", str(args.logprob_chunk), "--device", args.device,
                               "--micro_batch_size", str(micro_batch_size)] + flags[name])

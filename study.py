@@ -318,8 +318,8 @@ def pair_lines():
         for label in PAIR_COLUMNS:
             d = [x for _, x in diffs[label]]
             digits = 1 if "%" in label else 3
-            cells.append(" ".join(f"{x:+.{digits}f}" for x in d) + f" ({sum(x > 0 for x in d)}+ {sum(x < 0 for x in d)}-)"
-                         if d else "–")
+            signs = f" ({sum(x > 0 for x in d)}+ {sum(x < 0 for x in d)}-)"
+            cells.append(" ".join(f"{x:+.{digits}f}" for x in d) + signs if d else "–")
         lines.append("| " + " | ".join([claim, f"{a} - {b}", str(n)] + cells) + " |")
     return lines
 
