@@ -160,29 +160,27 @@ def arithmetic_task(split="train", n=None, seed=0):
         a, b = rng.randint(a_lo, a_hi), rng.randint(2, b_hi)
         if kind == 0:
             c = rng.randint(1, a + b - 1)
-            q = f"{who} has {a} {what}. {who} gets {b} more and then gives {c} away. How many {what} does {who} have now?"
-            if reworded:
-                q = f"After receiving {b} {what} as a gift, {who} lost {c} of them. {who} had {a} {what} before the gift. How many {what} are left?"
+            q = (f"After receiving {b} {what} as a gift, {who} lost {c} of them. {who} had {a} {what} before the gift. "
+                 f"How many {what} are left?" if reworded else
+                 f"{who} has {a} {what}. {who} gets {b} more and then gives {c} away. How many {what} does {who} have now?")
             s = f"{who} starts with {a} {what}. After getting {b} more: {a} + {b} = {a + b}. After giving {c} away: {a + b} - {c} = {a + b - c}."
             ans = a + b - c
         elif kind == 1:
-            q = f"{who} buys {a} boxes of {what} with {b} {what} in each box. How many {what} does {who} buy?"
-            if reworded:
-                q = f"A shelf holds {a} bags, and every bag contains {b} {what}. What is the total number of {what} on the shelf?"
+            q = (f"A shelf holds {a} bags, and every bag contains {b} {what}. What is the total number of {what} on the shelf?"
+                 if reworded else f"{who} buys {a} boxes of {what} with {b} {what} in each box. How many {what} does {who} buy?")
             s = f"There are {a} boxes with {b} {what} each, so {a} * {b} = {a * b} {what}."
             ans = a * b
         elif kind == 2:
             total = a * b
-            q = f"{who} shares {total} {what} equally among {b} friends. How many {what} does each friend get?"
-            if reworded:
-                q = f"{total} {what} are split into {b} piles of the same size. How many {what} are in one pile?"
+            q = (f"{total} {what} are split into {b} piles of the same size. How many {what} are in one pile?" if reworded
+                 else f"{who} shares {total} {what} equally among {b} friends. How many {what} does each friend get?")
             s = f"{total} {what} shared among {b} friends is {total} / {b} = {a} each."
             ans = a
         else:
             c = rng.randint(2, 9)
-            q = f"{who} has {a} {what}, buys {b} more, and then doubles the collection and adds {c}. How many {what} does {who} have?"
-            if reworded:
-                q = f"Take {a} {what} and add {b}. Multiply the result by 2, then add {c} more {what}. How many {what} is that?"
+            q = (f"Take {a} {what} and add {b}. Multiply the result by 2, then add {c} more {what}. How many {what} is that?"
+                 if reworded else
+                 f"{who} has {a} {what}, buys {b} more, and then doubles the collection and adds {c}. How many {what} does {who} have?")
             s = f"{a} + {b} = {a + b}. Doubling gives 2 * {a + b} = {2 * (a + b)}. Adding {c} gives {2 * (a + b)} + {c} = {2 * (a + b) + c}."
             ans = 2 * (a + b) + c
         if q not in exclude:

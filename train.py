@@ -51,6 +51,28 @@ def default_help(key):
     return f" [default {demo} with smollm2-135m (demo profile), else {PAPER[key]} (paper)]"
 
 
+def objective_flags(a):
+    """The flags of the loss itself: GRPO's (Eq. 1) and GTPO's (Eq. 5-8)."""
+    d = default_help
+    # GRPO
+    a("--beta", type=float, default=0.0, help="GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off")
+    a("--clip_eps", type=float, default=0.2, help="GRPO PPO clip range")
+    # GTPO
+    a("--conflict_weight", type=float, default=2.0, help="lambda on conflict tokens of positive completions (Eq. 5)")
+    a("--conflict_combine", choices=["or", "product"], default="or",
+      help="or = Eq. 5 (2 in overlapping spans); product = released code (4)")
+    a("--conflict_norm", action="store_true", help="divide each completion's loss by its conflict count (released code)")
+    a("--ent_threshold", type=float, default=math.log(2), help="entropy filter threshold on <H>_i (Eq. 6: ln 2)")
+    a("--ent_gamma", type=float, default=0.1, help="gamma of the entropy penalty (Eq. 7)")
+    a("--entropy_filter", choices=["auto", "all", "neg", "off"], default="auto",
+      help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off. GRPO: auto = off; "
+           "all/neg add the filter and -gamma <H>_i to GRPO (App. 14)")
+    a("--ent_ini_prompts", type=int, default=None,
+      help="training prompts used to measure <H>_ini" + d("ent_ini_prompts"))
+    a("--scale_rewards", action=argparse.BooleanOptionalAction, default=True,
+      help="divide advantages by the group std (Eq. 8); --no-scale_rewards = released code")
+
+
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a, d = p.add_argument, default_help
@@ -106,27 +128,11 @@ def build_parser():
       help="weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)")
     a("--gradient_checkpointing", action="store_true", help="trade compute for activation memory")
     a("--heap_mmap_mb", type=float, default=0.0,
-      help="freed blocks above this size (MB) go back to the OS at once (glibc): 1 cuts the demo's peak RSS "
-           "4.5 -> 2.8 GB, steps ~20%% slower; 0 = glibc's default")
+      help="freed blocks above this size (MB) go back to the OS at once (glibc): 1 cuts an SFT step's peak RSS "
+           "4.5 -> 2.6 GB, steps ~20%% slower; 0 = glibc's default")
     a("--sft_warmup_steps", type=int, default=None,
       help="SFT steps (batch_size x G worked solutions each) before RL" + d("sft_warmup_steps"))
-    # GRPO
-    a("--beta", type=float, default=0.0, help="GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off")
-    a("--clip_eps", type=float, default=0.2, help="GRPO PPO clip range")
-    # GTPO
-    a("--conflict_weight", type=float, default=2.0, help="lambda on conflict tokens of positive completions (Eq. 5)")
-    a("--conflict_combine", choices=["or", "product"], default="or",
-      help="or = Eq. 5 (2 in overlapping spans); product = released code (4)")
-    a("--conflict_norm", action="store_true", help="divide each completion's loss by its conflict count (released code)")
-    a("--ent_threshold", type=float, default=math.log(2), help="entropy filter threshold on <H>_i (Eq. 6: ln 2)")
-    a("--ent_gamma", type=float, default=0.1, help="gamma of the entropy penalty (Eq. 7)")
-    a("--entropy_filter", choices=["auto", "all", "neg", "off"], default="auto",
-      help="auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); off. GRPO: auto = off; "
-           "all/neg add the filter and -gamma <H>_i to GRPO (App. 14)")
-    a("--ent_ini_prompts", type=int, default=None,
-      help="training prompts used to measure <H>_ini" + d("ent_ini_prompts"))
-    a("--scale_rewards", action=argparse.BooleanOptionalAction, default=True,
-      help="divide advantages by the group std (Eq. 8); --no-scale_rewards = released code")
+    objective_flags(a)
     # logging
     a("--save_steps", type=int, default=None, help="checkpoint every N steps" + d("save_steps"))
     a("--sample_every", type=int, default=10, help="write a few completions to samples.jsonl every N steps")
