@@ -1,7 +1,7 @@
 """Sampling G completions per prompt (Sec. 3) and scoring them under the policy.
 
 rollout(...)         one `generate` call for all prompts x G, no grad; each prompt pre-filled once
-                     and its KV cache shared by its G rows
+                     into a pre-allocated KV cache shared by its G rows
 PolicyPass           the forward that predicts every completion token; with `prompt_index` each
                      prompt is computed once and its G completions attend to it (gradient included)
 sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
@@ -73,6 +73,50 @@ def merged_lora(model):
             w.data = original
 
 
+class TallSkinnyHead(torch.nn.Module):
+    """The LM head as (W @ h.T).T: the same logits, but at the few rows of a decode step the
+    (V, D) @ (D, rows) product runs faster on CPU than h @ W.T (README, Performance)."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, h):                                             # (..., D) -> (..., V)
+        z = (self.head.weight @ h.reshape(-1, h.shape[-1]).T).T       # (rows, V), a transposed view
+        z = z if self.head.bias is None else z + self.head.bias
+        return z.reshape(*h.shape[:-1], z.shape[-1])
+
+
+@contextlib.contextmanager
+def decode_head(model):
+    """Sample through TallSkinnyHead on CPU; elsewhere, or for heads that are not a plain
+    nn.Linear (lm_head_of), the model is left as it is. The original head is put back after."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = lm_head_of(inner)
+    if head is None or head.weight.device.type != "cpu":
+        yield
+        return
+    inner.set_output_embeddings(TallSkinnyHead(head))
+    try:
+        yield
+    finally:
+        inner.set_output_embeddings(head)
+
+
+def prefill_shared(model, ids, attn, group_size, max_new_tokens):
+    """Pre-fill the B prompts but their last token once, into a cache pre-allocated for the whole
+    completion (no per-token `cat`), expanded to the B x G rows that decode (groups consecutive)."""
+    from transformers import StaticCache
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache = StaticCache(config=inner.config, max_cache_len=ids.shape[1] + max_new_tokens)
+    model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    for layer in cache.layers:                                        # (B, ...) -> (B*G, ...)
+        layer.keys = layer.keys.repeat_interleave(group_size, 0)
+        layer.values = layer.values.repeat_interleave(group_size, 0)
+    return cache
+
+
 @torch.no_grad()
 def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
             min_new_tokens=0, share_prompt=True, merge_lora=True):
@@ -80,8 +124,10 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
 
     prompts: list of B prompt strings (already chat-formatted) -> Rollout with N = B * G rows,
     the G completions of prompt b in rows b*G ... b*G+G-1. share_prompt: pre-fill the B prompts
-    once (B rows, not B x G) and expand their KV cache to the B x G rows that decode; sampling is
-    unchanged (the last prompt token is fed to `generate`, whose first logits it gives).
+    once (B rows, not B x G) into a pre-allocated cache (prefill_shared) expanded to the B x G rows
+    that decode, and sample through TallSkinnyHead on CPU; sampling is unchanged (the last prompt
+    token is fed to `generate`, whose first logits it gives). share_prompt=False is plain
+    `generate` over B x G copies, the path before these changes.
     merge_lora: sample with the LoRA weights merged into copies of the base weights (merged_lora).
     """
     device = next(model.parameters()).device
@@ -91,13 +137,10 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     eos = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
-    with merged_lora(model) if merge_lora else contextlib.nullcontext():
-        cache = {}
-        if share_prompt and group_size > 1 and ids.shape[1] > 1:
-            pre = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
-                        use_cache=True, logits_to_keep=1)
-            pre.past_key_values.batch_repeat_interleave(group_size)                 # (B, ...) -> (B*G, ...)
-            cache = {"past_key_values": pre.past_key_values}
+    fast = share_prompt and group_size > 1 and ids.shape[1] > 1
+    with merged_lora(model) if merge_lora else contextlib.nullcontext(), \
+            decode_head(model) if fast else contextlib.nullcontext():
+        cache = {"past_key_values": prefill_shared(model, ids, attn, group_size, max_new_tokens)} if fast else {}
         out = model.generate(
             input_ids=ids_g, attention_mask=attn_g, do_sample=True, temperature=temperature, top_p=top_p,
             top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos,

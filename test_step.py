@@ -8,7 +8,7 @@ import torch
 import step
 from conftest import grads
 from models import load_tokenizer
-from rollout import Rollout, merged_lora, rollout, sequence_logprobs
+from rollout import Rollout, decode_head, merged_lora, positions, prefill_shared, rollout, sequence_logprobs
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -107,6 +107,28 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     m = ro.completion_mask.bool()
     assert ro.completion_ids.shape[1] >= 1 and torch.equal(ro.completion_ids[m], ref[:, :m.shape[1]][m])
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
+
+
+def test_decode_head_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
+    """The rollout's pre-allocated, expanded cache and TallSkinnyHead: the logits of the next
+    token after each prompt, for each of its G rows, equal a plain forward over the whole prompt;
+    the original head is back afterwards."""
+    model = tiny_lm(lora=True).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=g)
+    attn = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])            # left-padded
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits[:, -1]  # (B, V)
+        with decode_head(model):
+            assert model.get_output_embeddings() is not head
+            cache = prefill_shared(model, ids, attn, 3, 4)
+            attn_g = attn.repeat_interleave(3, 0)
+            got = model(input_ids=ids[:, -1:].repeat_interleave(3, 0), attention_mask=attn_g,
+                        position_ids=positions(attn_g)[:, -1:], past_key_values=cache, use_cache=True).logits[:, -1]
+    assert model.get_output_embeddings() is head
+    assert cache.layers[0].keys.shape[0] == 6 and cache.layers[0].keys.shape[2] == 7 + 4
+    torch.testing.assert_close(got, want.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
 
 
 def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_lm):
