@@ -91,24 +91,22 @@ class TallSkinnyHead(torch.nn.Module):
 def decode_head(model):
     """Sample through TallSkinnyHead on CPU; elsewhere, or for heads that are not a plain
     nn.Linear (lm_head_of), the model is left as it is. The original head is put back after."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = lm_head_of(inner)
+    head = lm_head_of(model)                                          # a PEFT model forwards both calls
     if head is None or head.weight.device.type != "cpu":
         yield
         return
-    inner.set_output_embeddings(TallSkinnyHead(head))
+    model.set_output_embeddings(TallSkinnyHead(head))
     try:
         yield
     finally:
-        inner.set_output_embeddings(head)
+        model.set_output_embeddings(head)
 
 
 def prefill_shared(model, ids, attn, group_size, max_new_tokens):
     """Pre-fill the B prompts but their last token once, into a cache pre-allocated for the whole
     completion (no per-token `cat`), expanded to the B x G rows that decode (groups consecutive)."""
     from transformers import StaticCache
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache = StaticCache(config=inner.config, max_cache_len=ids.shape[1] + max_new_tokens)
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + max_new_tokens)
     model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
           past_key_values=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:                                        # (B, ...) -> (B*G, ...)
