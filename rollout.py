@@ -1,7 +1,7 @@
 """Sampling G completions per prompt (Sec. 3) and scoring them under the policy.
 
-rollout(...)         one `generate` call for all prompts x G, no grad; each prompt pre-filled once
-                     into a pre-allocated KV cache shared by its G rows
+rollout(...)         all prompts x G sampled as one batch, no grad; each prompt pre-filled once
+                     into a pre-allocated KV cache shared by its G rows, then `decode`
 PolicyPass           the forward that predicts every completion token; with `prompt_index` each
                      prompt is computed once and its G completions attend to it (gradient included)
 sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
@@ -73,33 +73,39 @@ def merged_lora(model):
             w.data = original
 
 
-class TallSkinnyHead(torch.nn.Module):
-    """The LM head as (W @ h.T).T: the same logits, but at the few rows of a decode step the
-    (V, D) @ (D, rows) product runs faster on CPU than h @ W.T (README, Performance)."""
+class TallSkinny(torch.nn.Module):
+    """An nn.Linear computed as (W @ x.T).T: the same outputs, but at the few rows of a decode
+    step the (out, in) @ (in, rows) product runs faster on CPU than x @ W.T (README, Performance).
+    It reads the wrapped layer's weight at each call, so merged_lora's swapped weights apply,
+    and shows it as its own (code that reads `.weight`, as PEFT's adapters do, still works)."""
 
-    def __init__(self, head):
+    def __init__(self, linear):
         super().__init__()
-        self.head = head
+        self.linear = linear
 
-    def forward(self, h):                                             # (..., D) -> (..., V)
-        z = (self.head.weight @ h.reshape(-1, h.shape[-1]).T).T       # (rows, V), a transposed view
-        z = z if self.head.bias is None else z + self.head.bias
-        return z.reshape(*h.shape[:-1], z.shape[-1])
+    weight = property(lambda self: self.linear.weight)
+    bias = property(lambda self: self.linear.bias)
+
+    def forward(self, x):                                             # (..., in) -> (..., out)
+        y = (self.linear.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous()   # (rows, out)
+        y = y if self.linear.bias is None else y + self.linear.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 @contextlib.contextmanager
-def decode_head(model):
-    """Sample through TallSkinnyHead on CPU; elsewhere, or for heads that are not a plain
-    nn.Linear (lm_head_of), the model is left as it is. The original head is put back after."""
-    head = lm_head_of(model)                                          # a PEFT model forwards both calls
-    if head is None or head.weight.device.type != "cpu":
-        yield
-        return
-    model.set_output_embeddings(TallSkinnyHead(head))
+def tall_skinny(model):
+    """Run every plain float nn.Linear of the model (projections and LM head; not 4-bit layers)
+    as TallSkinny while decoding on CPU; elsewhere the model is left as it is. The original
+    modules are put back after."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is torch.nn.Linear and child.weight.device.type == "cpu"]
+    for parent, name, child in swaps:
+        setattr(parent, name, TallSkinny(child))
     try:
         yield
     finally:
-        model.set_output_embeddings(head)
+        for parent, name, child in swaps:
+            setattr(parent, name, child)
 
 
 def prefill_shared(model, ids, attn, group_size, max_new_tokens):
@@ -115,17 +121,60 @@ def prefill_shared(model, ids, attn, group_size, max_new_tokens):
     return cache
 
 
+def sample_next(logits, temperature=1.0, top_p=1.0):
+    """One token per row from softmax(logits / temperature), restricted to the top_p nucleus as
+    transformers' TopPLogitsWarper does (top_k = 0: no top-k cut). Drawn by inverting the
+    cumulative distribution with one uniform per row: the same distribution as `generate`'s
+    torch.multinomial, without its (rows, V) exponential draws (README, Performance).
+    logits (N, V) -> (N,) long."""
+    z = logits.float() / temperature                                  # (N, V)
+    if top_p < 1.0:
+        z_sorted, order = z.sort(dim=-1)                              # ascending
+        drop = z_sorted.softmax(-1).cumsum(-1) <= 1 - top_p           # (N, V) the low tail
+        drop[:, -1] = False                                           # keep at least one token
+        z = z.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    cdf = z.softmax(-1).double().cumsum(-1)                           # (N, V) float64
+    u = torch.rand(z.shape[0], 1, dtype=torch.float64, device=z.device) * cdf[:, -1:]   # (N, 1) in [0, total)
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=z.shape[1] - 1)  # never a p = 0 token
+
+
+def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
+           top_p=1.0):
+    """Sample completions after a pre-filled cache, one token per row per forward, as
+    `generate(do_sample=True, top_k=0)` does: EOS barred before min_new_tokens, rows that have
+    emitted an EOS continue with pad_id, and it stops when every row has one.
+    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens."""
+    eos_t = torch.tensor(eos, device=last_ids.device)
+    pos = positions(attn)[:, -1:]                                     # (N, 1)
+    done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
+    ids, out = last_ids, []
+    for t in range(max_new_tokens):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1]                # (N, V)
+        if t < min_new_tokens:
+            logits[:, eos_t] = float("-inf")
+        nxt = sample_next(logits, temperature, top_p).masked_fill_(done, pad_id)    # (N,)
+        out.append(nxt)
+        done |= torch.isin(nxt, eos_t)
+        if done.all():
+            break
+        ids, pos = nxt[:, None], pos + 1
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)           # (N, P + t + 1)
+    return torch.stack(out, dim=1)                                    # (N, L)
+
+
 @torch.no_grad()
 def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
             min_new_tokens=0, share_prompt=True, merge_lora=True):
-    """G samples per prompt text with a single `generate` call (KV cache on, LoRA merged: merged_lora).
+    """G samples per prompt text, all prompts x G rows decoded as one batch (KV cache on, LoRA
+    merged: merged_lora).
 
     prompts: list of B prompt strings (already chat-formatted) -> Rollout with N = B * G rows,
     the G completions of prompt b in rows b*G ... b*G+G-1. share_prompt: pre-fill the B prompts
-    once (B rows, not B x G) into a pre-allocated cache (prefill_shared) expanded to the B x G rows
-    that decode, and sample through TallSkinnyHead on CPU; sampling is unchanged (the last prompt
-    token is fed to `generate`, whose first logits it gives). share_prompt=False is plain
-    `generate` over B x G copies, the path before these changes.
+    once (B rows, not B x G) into a pre-allocated cache (prefill_shared) expanded to the B x G rows,
+    which `decode` samples from with the linear layers as TallSkinny on CPU. share_prompt=False is plain
+    `generate` over B x G copies, the path before these changes; both sample the same
+    distribution (top_k = 0), from different random draws.
     merge_lora: sample with the LoRA weights merged into copies of the base weights (merged_lora).
     """
     device = next(model.parameters()).device
@@ -136,16 +185,18 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     was_training = model.training
     model.eval()
     fast = share_prompt and group_size > 1 and ids.shape[1] > 1
-    with merged_lora(model) if merge_lora else contextlib.nullcontext(), \
-            decode_head(model) if fast else contextlib.nullcontext():
-        cache = {"past_key_values": prefill_shared(model, ids, attn, group_size, max_new_tokens)} if fast else {}
-        out = model.generate(
-            input_ids=ids_g, attention_mask=attn_g, do_sample=True, temperature=temperature, top_p=top_p,
-            top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id, use_cache=True, **cache)
+    with merged_lora(model) if merge_lora else contextlib.nullcontext():
+        if fast:
+            cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
+            with tall_skinny(model):
+                comp = decode(model, cache, ids_g[:, -1:], attn_g, max_new_tokens, min_new_tokens, eos,
+                              tokenizer.pad_token_id, temperature, top_p)            # (N, L)
+        else:
+            comp = model.generate(
+                input_ids=ids_g, attention_mask=attn_g, do_sample=True, temperature=temperature, top_p=top_p,
+                top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos,
+                pad_token_id=tokenizer.pad_token_id, use_cache=True)[:, ids.shape[1]:]      # (N, L)
     model.train(was_training)
-    P = ids.shape[1]
-    comp = out[:, P:]                                                 # (N, L)
     mask, truncated = completion_mask(comp, eos)
     comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(comp, skip_special_tokens=True)

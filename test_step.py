@@ -8,7 +8,8 @@ import torch
 import step
 from conftest import grads
 from models import load_tokenizer
-from rollout import Rollout, decode_head, merged_lora, positions, prefill_shared, rollout, sequence_logprobs
+from rollout import (Rollout, TallSkinny, merged_lora, positions, prefill_shared, rollout, sample_next,
+                     sequence_logprobs, tall_skinny)
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -109,26 +110,49 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
 
 
-def test_decode_head_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
-    """The rollout's pre-allocated, expanded cache and TallSkinnyHead: the logits of the next
-    token after each prompt, for each of its G rows, equal a plain forward over the whole prompt;
-    the original head is back afterwards."""
+def test_tall_skinny_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
+    """The rollout's pre-allocated, expanded cache and TallSkinny linear layers: the logits of
+    the next token after each prompt, for each of its G rows, equal a plain forward over the whole
+    prompt; every original layer is back afterwards."""
     model = tiny_lm(lora=True).eval()
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=g)
     attn = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])            # left-padded
-    head = model.get_output_embeddings()
+    before = dict(model.named_modules())
+    n_linear = sum(type(m) is torch.nn.Linear for m in before.values())
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits[:, -1]  # (B, V)
-        with decode_head(model):
-            assert model.get_output_embeddings() is not head
-            cache = prefill_shared(model, ids, attn, 3, 4)
+        cache = prefill_shared(model, ids, attn, 3, 4)
+        with tall_skinny(model):
+            assert sum(isinstance(m, TallSkinny) for m in model.modules()) == n_linear > 0
             attn_g = attn.repeat_interleave(3, 0)
             got = model(input_ids=ids[:, -1:].repeat_interleave(3, 0), attention_mask=attn_g,
                         position_ids=positions(attn_g)[:, -1:], past_key_values=cache, use_cache=True).logits[:, -1]
-    assert model.get_output_embeddings() is head
+    after = dict(model.named_modules())
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
     assert cache.layers[0].keys.shape[0] == 6 and cache.layers[0].keys.shape[2] == 7 + 4
     torch.testing.assert_close(got, want.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
+
+
+def test_sample_next_draws_from_softmax_with_top_p_and_temperature():
+    """The rollout's sampler: frequencies over 40,000 draws match softmax(z / T) within 4 standard
+    errors per token; top_p keeps the smallest set of most likely tokens whose mass reaches top_p
+    (as transformers' TopPLogitsWarper); tokens of probability 0 are never drawn."""
+    torch.manual_seed(0)
+    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])                   # (V,)
+    n = 40_000
+    for T, top_p in [(1.0, 1.0), (0.7, 1.0), (1.0, 0.8)]:
+        draws = sample_next(z.expand(n, -1), temperature=T, top_p=top_p)          # (n,)
+        p = (z / T).softmax(-1)
+        if top_p < 1.0:                                                           # keep 0, 1, 2: mass >= 0.8
+            assert p[:2].sum() < top_p <= p[:3].sum()
+            p = torch.where(torch.arange(6) < 3, p, 0.0)
+            p = p / p.sum()
+        freq = torch.bincount(draws, minlength=6).double() / n
+        se = (p.double() * (1 - p.double()) / n).sqrt()
+        assert ((freq - p.double()).abs() <= 4 * se + 1e-12).all(), (T, top_p, freq, p)
+        assert freq[p == 0].sum() == 0
+    assert torch.equal(sample_next(torch.tensor([[0.0, 3.0, 1.0]]), temperature=1e-6), torch.tensor([1]))
 
 
 def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_lm):
