@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import StaticCache, StaticLayer
 
 from gtpo import token_entropy, token_logprobs
 
@@ -108,11 +109,32 @@ def tall_skinny(model):
             setattr(parent, name, child)
 
 
+class FilledStaticLayer(StaticLayer):
+    """transformers' StaticLayer (keys/values pre-allocated and written in place) whose attention
+    and mask span only the positions written so far, not the whole pre-allocated length: decoding
+    token t attends over P + t positions, as with a growing cache, without re-copying it."""
+
+    def __init__(self, max_cache_len, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.filled = 0                                               # a Python int: no device sync
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)   # (rows, heads, max_len, d)
+        self.filled += key_states.shape[-2]
+        return keys[:, :, :self.filled], values[:, :, :self.filled]
+
+    def get_mask_sizes(self, query_length):
+        return self.filled + query_length, 0
+
+
 def prefill_shared(model, ids, attn, group_size, max_new_tokens):
     """Pre-fill the B prompts but their last token once, into a cache pre-allocated for the whole
-    completion (no per-token `cat`), expanded to the B x G rows that decode (groups consecutive)."""
-    from transformers import StaticCache
-    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + max_new_tokens)
+    completion (no per-token `cat`; FilledStaticLayer where a layer attends to everything before,
+    transformers' own layer for sliding-window ones), expanded to the B x G rows that decode
+    (groups consecutive)."""
+    size = ids.shape[1] + max_new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=size)
+    cache.layers = [FilledStaticLayer(size) if type(layer) is StaticLayer else layer for layer in cache.layers]
     model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
           past_key_values=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:                                        # (B, ...) -> (B*G, ...)
