@@ -143,7 +143,7 @@ def resumable_rows(path, records, n, per_call=1, log=print):
     """Rows of an interrupted evaluation that can be kept: whole problems, in order, whose question
     matches this dataset (a partly sampled last problem is sampled again; a torn last line, left by
     a kill mid-write, is dropped with a notice). The kept problems end at a multiple of per_call
-    (problems per generate call), so every later call batches the same problems as an
+    (problems per rollout call), so every later call batches the same problems as an
     uninterrupted evaluation would."""
     rows = [obj for _, obj in read_jsonl(path, log_torn=log)]
     by_problem = {}
@@ -298,7 +298,7 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
 
 
 def sample(model, tok, records, task, args, example, out_f, rows=()):
-    """n completions per record, `--batch_size` completions per generate call; rows to out_f.
+    """n completions per record, `--batch_size` completions per rollout call; rows to out_f.
     `rows`: complete problems already sampled (--resume), which are skipped."""
     from tqdm import tqdm
     from rollout import rollout
@@ -354,7 +354,7 @@ def parse_args(argv=None):
     a("--k", type=int, nargs="+", default=None, help="k values (default: powers of 2 up to n_samples)")
     a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
     a("--max_completion_length", type=int, default=None, help="max new tokens (default 1500; 96 for smollm2-135m)")
-    a("--batch_size", type=int, default=32, help="completions per generate call (a problem's n samples may span calls)")
+    a("--batch_size", type=int, default=32, help="completions per rollout call (a problem's n samples may span calls)")
     a("--one_shot_from", default=None, metavar="DATASET",
       help="dataset whose first train record is shown as a worked example, or 'none' "
            "(default: arithmetic for smollm2-135m, as in its training demo; none otherwise)")

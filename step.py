@@ -133,7 +133,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     "weights" (N, L) lambda or None}.
     """
     G, device = cfg.generation_size, next(model.parameters()).device
-    # ---- 1. rollout (no grad): G completions per prompt, one generate call
+    # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
     ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
                  min_new_tokens=cfg.min_new_tokens, share_prompt=cfg.share_prompt, merge_lora=cfg.merge_lora)
     mask = ro.completion_mask                                                        # (N, L)
