@@ -1,6 +1,7 @@
 """Tests for step.py and the shared-prompt paths of rollout.py: computing each prompt once per group
 (PolicyPass with prompt_index, the pre-filled rollout, merged LoRA for sampling) gives what G copies
 give -- log-probs, entropy, loss, KL and every gradient -- on a tiny random Llama."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 import step
 from conftest import grads
 from models import load_tokenizer
-from rollout import (Rollout, TallSkinny, merged_lora, positions, prefill_shared, rollout, sample_next,
-                     sequence_logprobs, tall_skinny)
+from rollout import (Blocked, Rollout, blocked, merged_lora, positions, prefill_shared, rollout, sample_next,
+                     sequence_logprobs)
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -110,28 +111,34 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
 
 
-def test_tall_skinny_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
-    """The rollout's pre-allocated, expanded cache and TallSkinny linear layers: the logits of
-    the next token after each prompt, for each of its G rows, equal a plain forward over the whole
-    prompt; every original layer is back afterwards."""
+def test_blocked_layers_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
+    """The rollout's pre-allocated, expanded cache and Blocked linear layers, with the adapters on
+    and with LoRA merged: the logits of the next token after each prompt, for each of its G rows,
+    equal a plain forward over the whole prompt; every original layer is back afterwards and no
+    weight was written."""
     model = tiny_lm(lora=True).eval()
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=g)
     attn = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])            # left-padded
-    before = dict(model.named_modules())
-    n_linear = sum(type(m) is torch.nn.Linear for m in before.values())
+    attn_g = attn.repeat_interleave(3, 0)
+    modules = dict(model.named_modules())
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits[:, -1]  # (B, V)
-        cache = prefill_shared(model, ids, attn, 3, 4)
-        with tall_skinny(model):
-            assert sum(isinstance(m, TallSkinny) for m in model.modules()) == n_linear > 0
-            attn_g = attn.repeat_interleave(3, 0)
-            got = model(input_ids=ids[:, -1:].repeat_interleave(3, 0), attention_mask=attn_g,
-                        position_ids=positions(attn_g)[:, -1:], past_key_values=cache, use_cache=True).logits[:, -1]
-    after = dict(model.named_modules())
-    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
-    assert cache.layers[0].keys.shape[0] == 6 and cache.layers[0].keys.shape[2] == 7 + 4
-    torch.testing.assert_close(got, want.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
+    # every nn.Linear but lora_A (4 outputs, not a multiple of 16): 14 projections, 6 lora_B, the head
+    for merge in (False, True):
+        with torch.no_grad(), merged_lora(model) if merge else contextlib.nullcontext():
+            cache = prefill_shared(model, ids, attn, 3, 4)
+            with blocked(model):
+                assert sum(isinstance(m, Blocked) for m in model.modules()) == 14 + 6 + 1
+                got = model(input_ids=ids[:, -1:].repeat_interleave(3, 0), attention_mask=attn_g,
+                            position_ids=positions(attn_g)[:, -1:], past_key_values=cache,
+                            use_cache=True).logits[:, -1]                         # (B*G, V)
+        after = dict(model.named_modules())
+        assert after.keys() == modules.keys() and all(after[k] is modules[k] for k in modules)
+        assert all(torch.equal(weights[n], p) for n, p in model.named_parameters())
+        assert cache.layers[0].keys.shape[0] == 6 and cache.layers[0].keys.shape[2] == 7 + 4
+        torch.testing.assert_close(got, want.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
 
 
 def test_sample_next_draws_from_softmax_with_top_p_and_temperature():
