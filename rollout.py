@@ -373,7 +373,8 @@ class PolicyPass(torch.nn.Module):
         attn = torch.cat([prompt_mask[prompt_index], completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
         c_pos = p_pos[prompt_index, -1:] + 1 + torch.arange(L - 1, device=p_pos.device)   # (n, L - 1)
         out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
-                         past_key_values=cache, use_cache=True, **{**out_kw, "logits_to_keep": L - 1})
+                         past_key_values=cache, use_cache=True,
+                         **{**out_kw, "logits_to_keep": L - 1 if logits else 1})   # hidden states: no logits
         return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
 
 
