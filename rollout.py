@@ -25,6 +25,7 @@ class Rollout:
     completion_mask: torch.Tensor   # (N, L) 1 up to and including the first EOS
     truncated: torch.Tensor         # (N,) bool: no EOS within max_new_tokens
     texts: list                     # N decoded completions (special tokens dropped)
+    entropy: torch.Tensor = None    # (N, L) H_t of pi at each sampled position, if asked (with_entropy)
 
 
 def eos_ids(model, tokenizer):
@@ -182,18 +183,21 @@ def sample_next(logits, temperature=1.0, top_p=1.0):
 
 
 def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-           top_p=1.0):
+           top_p=1.0, with_entropy=False):
     """Sample completions after a pre-filled cache, one token per row per forward, as
     `generate(do_sample=True, top_k=0)` does: EOS barred before min_new_tokens, rows that have
     emitted an EOS continue with pad_id, and it stops when every row has one.
-    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens."""
+    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens,
+    and with_entropy the entropy of pi (the untempered logits) at each step, (N, L), else None."""
     eos_t = torch.tensor(eos, device=last_ids.device)
     pos = positions(attn)[:, -1:]                                     # (N, 1)
     done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
-    ids, out = last_ids, []
+    ids, out, ent = last_ids, [], []
     for t in range(max_new_tokens):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]                # (N, V)
+        if with_entropy:
+            ent.append(token_entropy(logits))                         # (N,)
         if t < min_new_tokens:
             logits[:, eos_t] = float("-inf")
         nxt = sample_next(logits, temperature, top_p).masked_fill_(done, pad_id)    # (N,)
@@ -203,12 +207,12 @@ def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pa
             break
         ids, pos = nxt[:, None], pos + 1
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)           # (N, P + t + 1)
-    return torch.stack(out, dim=1)                                    # (N, L)
+    return torch.stack(out, dim=1), (torch.stack(ent, dim=1) if with_entropy else None)   # (N, L), (N, L)
 
 
 @torch.no_grad()
 def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
-            min_new_tokens=0, share_prompt=True, merge_lora=True):
+            min_new_tokens=0, share_prompt=True, merge_lora=True, with_entropy=False):
     """G samples per prompt text, all prompts x G rows decoded as one batch (KV cache on, LoRA
     merged: merged_lora).
 
@@ -219,6 +223,8 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     `generate` over B x G copies, the path before these changes; both sample the same
     distribution (top_k = 0), from different random draws.
     merge_lora: sample with the LoRA weights merged into copies of the base weights (merged_lora).
+    with_entropy: also return H_t of pi (untempered) at every sampled position, from the logits
+    the sampling computes anyway (Rollout.entropy; what a policy pass would give, without one).
     """
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -227,23 +233,27 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     eos = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
-    fast = share_prompt and group_size > 1 and ids.shape[1] > 1
+    fast = share_prompt and ids.shape[1] > 1
     with merged_lora(model) if merge_lora else contextlib.nullcontext():
         if fast:
             cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
             with blocked(model):
-                comp = decode(model, cache, ids_g[:, -1:], attn_g, max_new_tokens, min_new_tokens, eos,
-                              tokenizer.pad_token_id, temperature, top_p)            # (N, L)
+                comp, ent = decode(model, cache, ids_g[:, -1:], attn_g, max_new_tokens, min_new_tokens, eos,
+                                   tokenizer.pad_token_id, temperature, top_p, with_entropy)   # (N, L)
         else:
-            comp = model.generate(
+            out = model.generate(
                 input_ids=ids_g, attention_mask=attn_g, do_sample=True, temperature=temperature, top_p=top_p,
                 top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos,
-                pad_token_id=tokenizer.pad_token_id, use_cache=True)[:, ids.shape[1]:]      # (N, L)
+                pad_token_id=tokenizer.pad_token_id, use_cache=True, return_dict_in_generate=True,
+                output_logits=with_entropy)
+            comp = out.sequences[:, ids.shape[1]:]                                  # (N, L)
+            ent = torch.stack([token_entropy(z) for z in out.logits], dim=1) if with_entropy else None
     model.train(was_training)
     mask, truncated = completion_mask(comp, eos)
     comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(comp, skip_special_tokens=True)
-    return Rollout(prompt_ids=ids_g, prompt_mask=attn_g, completion_ids=comp, completion_mask=mask, truncated=truncated, texts=texts)
+    return Rollout(prompt_ids=ids_g, prompt_mask=attn_g, completion_ids=comp, completion_mask=mask, truncated=truncated,
+                   texts=texts, entropy=ent)
 
 
 def _rows_logsumexp(z, rows=32):

@@ -240,12 +240,10 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
 
 def initial_entropy(model, tok, prompts, cfg):
     """<H>_ini (Sec. 6, Eq. 6): mean completion entropy of the untrained policy, one sample per
-    prompt, 8 prompts per generate call."""
+    prompt, 8 prompts per rollout call; H_t from the logits the sampling computes."""
     vals = []
     for i in range(0, len(prompts), 8):
-        ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature)
-        with torch.no_grad():
-            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
-                                       ro.completion_mask, logprob_chunk=cfg.logprob_chunk)
-        vals.append(gtpo.masked_mean(ent, ro.completion_mask, dim=1))
+        ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
+                     share_prompt=cfg.share_prompt, merge_lora=cfg.merge_lora, with_entropy=True)
+        vals.append(gtpo.masked_mean(ro.entropy, ro.completion_mask, dim=1))
     return torch.cat(vals).mean().item()

@@ -111,6 +111,24 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
 
 
+def test_rollout_entropy_is_the_policy_pass_entropy(tiny_model_dir, tiny_lm):
+    """Rollout.entropy (with_entropy, used for <H>_ini): H_t from the logits the sampling computed,
+    on the decode loop (G = 1 and G = 3) and on `generate`, equals the policy pass's entropy at
+    every completion token."""
+    model = tiny_lm(lora=True).eval()
+    tok = load_tokenizer(tiny_model_dir)
+    prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
+    for share, G in [(True, 1), (True, 3), (False, 2)]:
+        torch.manual_seed(G)
+        ro = rollout(model, tok, prompts, G, 8, temperature=0.7, share_prompt=share, with_entropy=True)
+        with torch.no_grad():
+            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+        m = ro.completion_mask.bool()
+        assert ro.entropy.shape == ent.shape and m.sum() > 2 * G
+        torch.testing.assert_close(ro.entropy[m], ent[m], atol=1e-4, rtol=1e-4)
+    assert rollout(model, tok, prompts, 2, 4).entropy is None
+
+
 def test_blocked_layers_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
     """The rollout's pre-allocated, expanded cache and Blocked linear layers, with the adapters on
     and with LoRA merged: the logits of the next token after each prompt, for each of its G rows,
