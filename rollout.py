@@ -117,8 +117,8 @@ class Blocked(torch.nn.Module):
 @contextlib.contextmanager
 def blocked(model):
     """Run every plain float nn.Linear of the model on CPU with a contiguous weight whose output
-    size is a multiple of 16 (projections and LM head; not 4-bit layers) as Blocked while decoding; elsewhere the model is
-    left as it is. The original modules are put back after."""
+    size is a multiple of 16 (projections and LM head; not 4-bit layers) as Blocked while
+    decoding; elsewhere the model is left as it is. The original modules are put back after."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is torch.nn.Linear and child.weight.device.type == "cpu" and child.out_features % 16 == 0
              and child.weight.is_contiguous()]
