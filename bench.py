@@ -416,7 +416,7 @@ def report_paper_step(args, res):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper (paper: ~10 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper (paper: ~13 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
