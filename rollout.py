@@ -73,8 +73,10 @@ def merged_lora(model):
     from peft.tuners.lora import LoraLayer
     layers = {m: lora_factors(m) for m in model.modules()
               if isinstance(m, LoraLayer) and type(m.get_base_layer()) is torch.nn.Linear}
+    if any(factors is None for factors in layers.values()):
+        layers = {}                                                   # one layer cannot merge: none do
     swaps = []
-    for layer, factors in layers.items() if None not in layers.values() else ():
+    for layer, factors in layers.items():
         w = layer.get_base_layer().weight                             # (out, in)
         merged = w.data
         for B, A, scale in factors:                                   # (out, r), (r, in)
