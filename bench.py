@@ -9,15 +9,15 @@
               (G=12, L=1500, V=128256) and the demo's (G=8, L=256, V=49152): time and peak extra memory.
 2. loss       peak extra memory of log-probs + entropy + GTPO loss + backward through the LM head for
               N=12, L=1024 completion tokens and SmolLM2's head (V=49152, D=576), chunked
-              (rollout.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
+              (logprobs.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
               input, so the measurement isolates what chunking changes.
 3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
               min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
               demo's flags (entropy gate on) -- timed per stage through its clock: generation, reward,
               conflict masks, reference pass, log-prob forward, backward, then clip + optimizer as
-              in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04; GTPO also "unshared" (G copies
-              of the prompt, --no-share_prompt) and "plain" (also --no-merge_lora: the step before
-              prompt sharing); and the floor: one generate, one forward+backward of a plain
+              in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04; GTPO also "generate"
+              (--rollout generate) and "plain" (also --no-share_prompt: G copies of the prompt in
+              the gradient pass); and the floor: one generate, one forward+backward of a plain
               policy-gradient loss, one optimizer step. Decode tokens/s is set beside a bound:
               G x measured streaming-read bandwidth / bytes of weights (each token reads them all).
 4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
@@ -40,7 +40,7 @@ import time
 import torch
 
 import gtpo
-from models import heap_mmap_threshold, load_model
+from models import heap_mmap_threshold, load_model, pick_dtype
 
 MB = 2 ** 20
 
@@ -153,7 +153,7 @@ def probe_conflict(cfg, device):
 # 2. loss memory
 
 def probe_loss(cfg, device):
-    from rollout import ChunkedLogprobs
+    from logprobs import ChunkedLogprobs
     N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["logprob_chunk"]
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(V, D, generator=g) * 0.05).to(device)            # frozen LM head (LoRA)
@@ -261,27 +261,31 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
     micro_batch_size completions per forward/backward (0: all in one pass)."""
     import step as steps
     import train
-    flags = {"gtpo": ["--use_gtpo"], "gtpo logged": ["--use_gtpo"],      # logged: with a conflicts.ConflictLog
-             "gtpo unshared": ["--use_gtpo", "--no-share_prompt"],
-             "gtpo plain": ["--use_gtpo", "--no-share_prompt", "--no-merge_lora"],
+    from config import parse_args
+    flags = {"gtpo": [], "gtpo logged": [],                                  # logged: with a conflicts.ConflictLog
+             "gtpo generate": ["--rollout", "generate"], "gtpo shared": ["--rollout", "shared"],
+             "gtpo plain": ["--rollout", "generate", "--no-share_prompt"],
              "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
-    for name in names:    # the demo's flags and micro_batch_size; the entropy gate on, so its cost is counted
-        a = train.parse_args(["--generation_size", str(G), "--max_completion_length", str(new_tokens),
-                              "--logprob_chunk", str(args.logprob_chunk), "--device", args.device,
-                              "--micro_batch_size", str(micro_batch_size)] + flags[name])
-        cfgs[name] = dataclasses.replace(train.step_config(a, "all"), min_new_tokens=new_tokens)
+    for name in names:    # the model's flags and micro_batch_size; the entropy gate on, so its cost is counted
+        a = parse_args(["--model", args.model, "--generation_size", str(G), "--max_completion_length", str(new_tokens),
+                        "--logprob_chunk", str(args.logprob_chunk), "--device", args.device, "--entropy_filter", "all",
+                        "--micro_batch_size", str(micro_batch_size)] + args.flags.split() + flags[name])
+        cfgs[name] = dataclasses.replace(a, min_new_tokens=new_tokens)
     torch.manual_seed(0)
-    model, tok, _ = load_model("smollm2-135m", lora_rank=a.lora_rank, device=args.device, log=lambda *x: None)
+    model, tok, _ = load_model(args.model, lora_rank=a.lora_rank, load_in_4bit=a.load_in_4bit,
+                               dtype=pick_dtype(a.dtype, args.device), device=args.device, log=lambda *x: None)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt, _ = train.make_optimizer(a, params, 1000, args.device, log=lambda *x: None)
+    opt, _ = train.make_optimizer(a, params, 1000, log=lambda *x: None)
     prompt, answer = bench_prompt(tok, prompt_tokens)
     P = len(tok(prompt, add_special_tokens=False)["input_ids"])
     from conflicts import ConflictLog, format_token_ids
     logs = {"gtpo logged": ConflictLog(model.get_input_embeddings().num_embeddings, format_token_ids(tok))}
-    times = {name: [] for name in names}
+    times, peaks, cuda = {name: [] for name in names}, {name: 0 for name in names}, args.device.startswith("cuda")
     for r in range(rounds + 1):                                              # round 0 is the warm-up
         for name in names:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             clock = steps.Clock(args.device)
             if name == "floor":
                 floor_step(model, tok, prompt, new_tokens, G, args.device, clock)
@@ -294,6 +298,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
             clock("optimizer")
             if r > 0:
                 times[name].append(clock.parts)
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() if cuda else 0)
             print(f"  round {r} {name:14s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {}
@@ -302,9 +307,11 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
         med = {k: statistics.median(p.get(k, 0.0) for p in rows) for k in keys}
         med["total"] = statistics.median(sum(p.values()) for p in rows)
         med["completion_tokens_per_s"] = G * new_tokens / med["generate"]
-        shared = name != "floor" and cfgs[name].share_prompt
+        shared = name != "floor" and cfgs[name].share_prompt                   # in the gradient pass
         passes = -(-G // micro_batch_size) if micro_batch_size else 1          # each pass computes its prompt once
         med["policy_tokens"] = (P * passes if shared else G * P) + G * new_tokens   # through the policy pass
+        if cuda:
+            med["peak_gpu_gb"] = peaks[name] / 2 ** 30                          # torch.cuda.max_memory_allocated
         out[name] = med
     return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes}
 
@@ -375,7 +382,7 @@ def print_step_table(title, st):
               + f"{med['completion_tokens_per_s']:9.1f}{med['policy_tokens']:11d}")
 
 
-STEP_METHODS = ["gtpo", "gtpo logged", "gtpo unshared", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
+STEP_METHODS = ["gtpo", "gtpo logged", "gtpo generate", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
 
 
 def report_step(args, res):
@@ -395,7 +402,7 @@ def report_step(args, res):
           f"({res['decode']['fraction_of_bound']:.0%} of it)")
     ratios = {"gtpo_over_grpo_b0": ("gtpo", "grpo b=0"), "gtpo_over_floor": ("gtpo", "floor"),
               "grpo_b004_over_grpo_b0": ("grpo b=0.04", "grpo b=0"),
-              "gtpo_shared_over_unshared": ("gtpo", "gtpo unshared"), "gtpo_over_plain": ("gtpo", "gtpo plain"),
+              "gtpo_over_generate": ("gtpo", "gtpo generate"), "gtpo_over_plain": ("gtpo", "gtpo plain"),
               "gtpo_logged_over_gtpo": ("gtpo logged", "gtpo")}
     res["ratios"] = {k: st[a]["total"] / st[b]["total"] for k, (a, b) in ratios.items() if a in st and b in st}
     if "gtpo logged" in st and "gtpo" in st:
@@ -404,14 +411,19 @@ def report_step(args, res):
 
 
 def report_paper_step(args, res):
-    """Part 4: a paper-shaped step (G=12, prompt ~250 tokens, 512 forced tokens): the default step
-    against the plain one (no prompt sharing, no merged LoRA), 4 completions per forward/backward
-    (all 12 at once would keep ~2 MB of activations per token: 12-18 GB)."""
-    st, shape = bench_step(args, 12, 512, 1, ["gtpo", "gtpo plain"], prompt_tokens=250, micro_batch_size=4)
-    res["paper_step"] = {**st, "shape": shape, "gtpo_over_plain": st["gtpo"]["total"] / st["gtpo plain"]["total"]}
-    print_step_table(f"\n4. paper-shaped step, embedded model, 1 prompt ({shape['prompt_tokens']} tokens) x G=12 x 512 "
-                     f"tokens, micro-batches of 4 (1 round after a warm-up, seconds)", st)
-    print(f"   gtpo / gtpo plain {res['paper_step']['gtpo_over_plain']:.3f}")
+    """Part 4: a paper-shaped step (G=12, prompt ~250 tokens, --paper_tokens forced tokens): the
+    default step against the plain one (`generate`, no prompt sharing in the gradient pass), or the
+    --methods given, 4 completions per forward/backward (all 12 at once would keep ~2 MB of
+    activations per token on the embedded model)."""
+    names = args.methods.split(",") if args.methods else ["gtpo", "gtpo plain"]
+    st, shape = bench_step(args, 12, args.paper_tokens, args.steps if args.methods else 1, names,
+                           prompt_tokens=250, micro_batch_size=4)
+    res["paper_step"] = {**st, "shape": shape}
+    print_step_table(f"\n4. paper-shaped step, {args.model}, 1 prompt ({shape['prompt_tokens']} tokens) x G=12 x "
+                     f"{args.paper_tokens} tokens, micro-batches of 4 (medians after a warm-up round, seconds)", st)
+    for a in names[1:]:
+        res["paper_step"][f"{names[0]}_over_{a}"] = st[names[0]]["total"] / st[a]["total"]
+        print(f"   {names[0]} / {a} {res['paper_step'][f'{names[0]}_over_{a}']:.3f}")
 
 
 def main():
@@ -420,6 +432,9 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
+    p.add_argument("--paper_tokens", type=int, default=512, help="forced completion length of the paper part")
+    p.add_argument("--model", default="smollm2-135m", help="step and paper parts: alias or model folder")
+    p.add_argument("--flags", default="", help="step and paper parts: more train.py flags, e.g. '--lora_rank 128'")
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")

@@ -15,7 +15,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZ
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "needs_data: needs GTPO_DATA_DIR (the offline datasets, ../shared/data)")
+    pass
 
 
 def pytest_collection_modifyitems(config, items):

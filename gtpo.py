@@ -5,6 +5,7 @@ tensors, so each one can be read next to its equation and tested on its own.
 
     group_advantages   Eq. 8           A_i = (R_i - mean R) / (std R + eps)
     conflict_spans     Sec. 5.1        forward and backward conflict spans of one group
+                                       (conflict_spans_loop: the same, one token at a time)
     conflict_weights   Sec. 5.1, Eq. 5 lambda_{i,t} in {0, 1, 2} from fwd/bwd conflict spans
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
     entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), as the released code does it
@@ -16,7 +17,7 @@ Shapes: N completions (N = prompts x G), L completion positions, V vocabulary.
 import torch
 
 __all__ = [
-    "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_weights",
+    "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "conflict_weights",
     "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "grpo_loss",
 ]
 
@@ -142,16 +143,39 @@ def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
     if combine not in ("or", "product"):
         raise ValueError(f"combine must be 'or' (Eq. 5) or 'product' (released code), got {combine!r}")
     fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
-    valid, pos = mask.bool(), advantages > 0
+    valid, pos = mask.bool(), (advantages > 0).unsqueeze(1)         # (G, L), (G, 1)
+    on_conflict = torch.where(pos, pos_weight, 0.0)                 # (G, 1): lambda on a conflict token
+    if combine == "or":                                             # Eq. 5
+        weights = torch.where(~valid, 0.0, torch.where(fwd | bwd, on_conflict, 1.0))
+    else:                                                           # Listing 2: mask_fwd * mask_bw
+        weights = torch.where(~valid, 0.0, torch.where(fwd, on_conflict, 1.0) * torch.where(bwd, on_conflict, 1.0))
     conflict = fwd | bwd                                            # (G, L)
-    lam_conf = torch.where(pos, torch.tensor(pos_weight, dtype=torch.float32, device=ids.device),
-                           torch.tensor(0.0, device=ids.device)).unsqueeze(1)    # (G, 1)
-    if combine == "or":
-        weights = torch.where(conflict, lam_conf, 1.0)
-    else:
-        weights = torch.where(fwd, lam_conf, 1.0) * torch.where(bwd, lam_conf, 1.0)
-    weights = weights * valid                                       # 0 on padding
-    return weights, conflict, conflict.sum(dim=1)
+    return weights.float(), conflict, conflict.sum(dim=1)
+
+
+def conflict_spans_loop(ids, mask, advantages):
+    """Sec. 5.1 read one token at a time; conflict_spans computes the same (tested equal).
+
+    Counting positions from the start, token r of completion i is a forward conflict when some
+    completion with A > 0 and some with A < 0 have the same token at position r (i itself counts),
+    and tokens 0 ... r-1 of i are all conflicts too: the first shared span. Backward: the same with
+    positions counted from each completion's own last token. A = 0 completions have none.
+    ids (G, L), mask (G, L) right-padded, advantages (G,) -> (fwd, bwd), each (G, L) bool.
+    """
+    G = ids.shape[0]
+    n = mask.bool().sum(dim=1).tolist()                             # true lengths
+    pos, neg = (advantages > 0).tolist(), (advantages < 0).tolist()
+    fwd, bwd = torch.zeros(ids.shape, dtype=torch.bool), torch.zeros(ids.shape, dtype=torch.bool)
+    for spans, at in ((fwd, lambda j, r: r), (bwd, lambda j, r: n[j] - 1 - r)):   # r -> position in row j
+        for i in range(G):
+            if not (pos[i] or neg[i]):
+                continue
+            for r in range(n[i]):
+                same = [j for j in range(G) if r < n[j] and ids[j, at(j, r)] == ids[i, at(i, r)]]
+                if not (any(pos[j] for j in same) and any(neg[j] for j in same)):
+                    break                                           # the span ends at the first miss
+                spans[i, at(i, r)] = True
+    return fwd, bwd
 
 
 def batch_conflict_weights(ids, mask, advantages, group_size, **kw):
@@ -239,7 +263,8 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, 
     tokens, then over completions. old_logprobs=None is the one-iteration case
     (old = logp.detach(), r == 1). ref_logprobs=None or beta=0 drops the KL term.
     logprobs, old_logprobs, ref_logprobs, mask (N, L); advantages (N,).
-    Returns (loss, metrics) with metrics "kl" (when a reference is given) and "clip_frac".
+    Returns (loss, metrics) with metrics "kl" (when a reference is given) and "clip_ratio/region_mean"
+    (the share of tokens where the clipped arm is the minimum).
     """
     mask = mask.to(logprobs.dtype)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
@@ -256,6 +281,6 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, 
             per_token = per_token + beta * kl
     loss = masked_mean(per_token, mask, dim=1).mean()
     is_clipped = (ratio * adv > clipped * adv).to(mask.dtype)       # the min took the clipped arm
-    metrics["clip_frac"] = masked_mean(is_clipped.detach(), mask)
+    metrics["clip_ratio/region_mean"] = masked_mean(is_clipped.detach(), mask)   # TRL's name
     metrics["loss"] = loss.detach()
     return loss, metrics

@@ -77,16 +77,24 @@ def write_json(path, obj):
 
 
 class MetricsLog:
-    """metrics.jsonl (one row per step, flushed) and samples.jsonl; only rank 0 writes."""
+    """metrics.jsonl (one row per step, flushed) and samples.jsonl, and with wandb=True the same rows
+    to Weights & Biases; only rank 0 writes."""
 
-    def __init__(self, out, enabled):
+    def __init__(self, out, enabled, wandb=False, config=None):
         self.out = out
         self.f = open(os.path.join(out, "metrics.jsonl"), "a") if enabled else None
+        self.wandb = None
+        if wandb and enabled:
+            import wandb as wb
+            wb.init(project="gtpo", config=config, resume="allow")
+            self.wandb = wb
 
-    def write(self, row):
+    def write(self, row, step=None):
         if self.f:
             self.f.write(json.dumps(row) + "\n")
             self.f.flush()
+        if self.wandb:
+            self.wandb.log(row, step=step)
 
     def samples(self, rows):
         if self.f:

@@ -6,47 +6,21 @@ rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weight
 sft_step   token NLL of the worked solution in the tag format, backward
 initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
 
-Each step leaves gradients in the parameters; the caller clips, steps the optimizer and logs.
+Each step reads a config.Config and leaves gradients in the parameters; the caller clips, steps the
+optimizer and logs.
 `clock(stage)` is called at the end of each stage (generate, reward, masks, reference, forward,
 backward); the loop and bench.py pass a Clock to time the same code.
 """
 import contextlib
 import time
-from dataclasses import dataclass
 
 import torch
 
 import gtpo
 from data import format_prompt, tagged_solution
+from logprobs import sequence_logprobs
 from rewards import score
-from rollout import rollout, sequence_logprobs
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """What a step needs to know, built once from the flags (train.step_config)."""
-    method: str                     # "gtpo", "grpo" or "sft"
-    task: str                       # the reward's task name (rewards.score)
-    generation_size: int            # G
-    max_completion_length: int
-    temperature: float = 1.0
-    micro_batch_size: int = 0       # completions per forward/backward; 0 = all at once
-    sft_micro_batch_size: int = 0   # worked solutions per forward/backward in SFT; 0 = micro_batch_size
-    logprob_chunk: int = 256        # completion tokens per LM-head chunk; 0 = full (N, L, V) logits
-    share_prompt: bool = True       # each prompt computed once per group, in the rollout and the policy pass
-    merge_lora: bool = True         # sample with LoRA merged into copies of the weights (rollout.merged_lora)
-    scale_rewards: bool = True      # Eq. 8's std division
-    # GTPO
-    conflict_weight: float = 2.0    # lambda on positive completions' conflict tokens (Eq. 5)
-    conflict_combine: str = "or"
-    conflict_norm: bool = False
-    entropy_filter: str = "off"     # resolved: "all", "neg" or "off" (train resolves "auto", Eq. 6)
-    ent_threshold: float = 0.6931471805599453
-    ent_gamma: float = 0.1
-    # GRPO
-    beta: float = 0.0
-    clip_eps: float = 0.2
-    min_new_tokens: int = 0         # bench.py forces completion lengths
+from rollout import rollout
 
 
 class Clock:
@@ -85,12 +59,12 @@ def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None
     Returns (loss, metrics, shaped advantage or None).
     """
     if cfg.method == "gtpo":
-        a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.entropy_filter)   # Eq. 6-7
+        a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)      # Eq. 6-7
         loss, m = gtpo.gtpo_loss(logp, mask, a, weights, n_conflict if cfg.conflict_norm else None)
         return loss, m, a
     a = None
-    if cfg.entropy_filter != "off":                                                  # App. 14
-        a = adv = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.entropy_filter)
+    if cfg.gate != "off":                                                            # App. 14
+        a = adv = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)
     loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=cfg.beta, clip_eps=cfg.clip_eps)
     return loss, m, a
 
@@ -135,7 +109,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
     ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
-                 min_new_tokens=cfg.min_new_tokens, share_prompt=cfg.share_prompt, merge_lora=cfg.merge_lora)
+                 min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
     mask = ro.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
@@ -150,10 +124,24 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
         if conflict_log is not None:
             conflict_log.add(ro.completion_ids, mask, adv, G)                        # which tokens (Fig. 9)
         clock("masks")
-    # ---- 4. loss over micro-batches of completions, backward (DDP syncs on the last one)
-    N = len(ro.texts)
+    # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
+    h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
+    m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
+    if gated is not None:
+        m["gtpo/filtered_frac"] = ((gated == 0) & (adv != 0)).float().mean().item() if cfg.gate != "off" else 0.0
+    if cfg.method == "gtpo":
+        m.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
+                  "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
+    return m, ro, {"rewards": total, "advantages": adv, "weights": weights}
+
+
+def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock=_no_clock):
+    """Backward of the mean loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
+    on the last). Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the
+    token means of the losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
+    G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
     mb = cfg.micro_batch_size or N
-    ent_i, gated, kls, loss_sum = [], [], [], 0.0
+    ent_i, gated, token_sums, loss_sum = [], [], {}, 0.0
     for s in range(0, N, mb):
         rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
         prompt = prompt_rows(ro, s, n_mb, G, cfg.share_prompt)
@@ -174,22 +162,16 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
             clock("backward")
         ent_i.append(h)
         gated += [] if a is None else [a]
-        kls += [lm["kl"] * mask[rows].sum()] if "kl" in lm else []                  # token-weighted
+        for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
+            if key in lm:
+                token_sums.setdefault(key, []).append(lm[key] * mask[rows].sum())
         loss_sum += part_loss.item()
-    m = rl_metrics(cfg, ro, total, fmt, cor, torch.cat(ent_i), loss_sum)
-    if gated:
-        g = torch.cat(gated)
-        m["gtpo/filtered_frac"] = ((g == 0) & (adv != 0)).float().mean().item() if cfg.entropy_filter != "off" else 0.0
-    if cfg.method == "gtpo":
-        m.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
-                  "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
-    if kls:
-        m["kl"] = (sum(kls) / mask.sum().clamp(min=1)).item()                        # token mean, as grpo_loss
-    return m, ro, {"rewards": total, "advantages": adv, "weights": weights}
+    m = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
+    return torch.cat(ent_i), torch.cat(gated) if gated else None, {"loss": loss_sum, **m}
 
 
 def rl_metrics(cfg, ro, total, fmt, cor, h, loss):
-    """The step's metrics under TRL's names (README, "Reading metrics.jsonl")."""
+    """The step's metrics under TRL's names (docs/training.md, "Reading metrics.jsonl")."""
     G = cfg.generation_size
     std = total.view(-1, G).std(dim=1)                                               # (B,)
     lengths = ro.completion_mask.sum(1).float()
@@ -244,6 +226,6 @@ def initial_entropy(model, tok, prompts, cfg):
     vals = []
     for i in range(0, len(prompts), 8):
         ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
-                     share_prompt=cfg.share_prompt, merge_lora=cfg.merge_lora, with_entropy=True)
+                     path=cfg.rollout, merge_lora=cfg.merge_lora, with_entropy=True)
         vals.append(gtpo.masked_mean(ro.entropy, ro.completion_mask, dim=1))
     return torch.cat(vals).mean().item()

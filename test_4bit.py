@@ -11,9 +11,12 @@ import step
 import train
 from conftest import DATA_DIR
 from models import embedded_model_dir, load_model, load_tokenizer
-from rollout import rollout, sequence_logprobs
+from logprobs import sequence_logprobs
+from rollout import rollout
 
-RECIPE = ["--load_in_4bit", "--dtype", "bfloat16", "--optimizer", "adam"]
+pytestmark = pytest.mark.slow                         # subprocess runs: the slow tier
+
+RECIPE = ["--load_in_4bit", "--dtype", "bfloat16", "--optimizer", "adamw_8bit"]
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +149,7 @@ def test_the_papers_flag_set_runs_two_steps_in_4bit(tmp_path, tiny_dirs, monkeyp
     """README's paper command (GSM8K, adam, lr 1e-6, 3 epochs, B = 2, G = 12, GTPO) on the tiny model,
     4-bit + bf16, 2 steps with short completions."""
     monkeypatch.setenv("GTPO_DATA_DIR", DATA_DIR)
-    argv = ["--model", tiny_dirs["tied"], "--dataset", "gsm8k", "--optimizer", "adam", "--lr", "1e-6", "--epochs", "3",
+    argv = ["--model", tiny_dirs["tied"], "--dataset", "gsm8k", "--optimizer", "adamw_8bit", "--lr", "1e-6", "--epochs", "3",
             "--batch_size", "2", "--generation_size", "12", "--use_gtpo", "--load_in_4bit", "--dtype", "bfloat16",
             "--max_steps", "2", "--max_completion_length", "8", "--ent_ini_prompts", "2",
             "--output_dir", str(tmp_path / "paper")]

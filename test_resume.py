@@ -16,6 +16,8 @@ import step
 import train
 from conftest import ENV, HERE, train_cmd as _cmd
 
+pytestmark = pytest.mark.slow                         # subprocess runs: the slow tier
+
 
 def _rows(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:

@@ -1,4 +1,4 @@
-"""Tests for step.py and the shared-prompt paths of rollout.py: computing each prompt once per group
+"""Tests for step.py and the shared-prompt paths (cpu_rollout.py, logprobs.PolicyPass): computing each prompt once per group
 (PolicyPass with prompt_index, the pre-filled rollout, merged LoRA for sampling) gives what G copies
 give -- log-probs, entropy, loss, KL and every gradient -- on a tiny random Llama."""
 import contextlib
@@ -9,8 +9,10 @@ import torch
 import step
 from conftest import grads
 from models import load_tokenizer
-from rollout import (Blocked, Rollout, blocked, merged_lora, positions, prefill_shared, rollout, sample_next,
-                     sequence_logprobs)
+from config import Config
+from cpu_rollout import Blocked, blocked, merged_lora, prefill_shared, sample_next
+from logprobs import positions, sequence_logprobs
+from rollout import Rollout, rollout
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -73,7 +75,7 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
     ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
     reward = lambda texts, answers, task: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
-    base = step.StepConfig(method=method, task="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
+    base = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                            entropy_filter="off", logprob_chunk=4)
     results = {}
     for share, mb in [(False, 0), (True, 0), (True, 2), (True, 4), (False, 4)]:
@@ -99,7 +101,7 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     tok = load_tokenizer(tiny_model_dir)
     prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
     G, new = 3, 10
-    ro = rollout(model, tok, prompts, G, new, temperature=1e-6, share_prompt=True)
+    ro = rollout(model, tok, prompts, G, new, temperature=1e-6, path="shared")
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.no_grad():
         ref = model.generate(input_ids=enc["input_ids"].repeat_interleave(G, 0),
@@ -120,7 +122,8 @@ def test_rollout_entropy_is_the_policy_pass_entropy(tiny_model_dir, tiny_lm):
     prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
     for share, G in [(True, 1), (True, 3), (False, 2)]:
         torch.manual_seed(G)
-        ro = rollout(model, tok, prompts, G, 8, temperature=0.7, share_prompt=share, with_entropy=True)
+        path = "shared" if share else "generate"
+        ro = rollout(model, tok, prompts, G, 8, temperature=0.7, path=path, with_entropy=True)
         with torch.no_grad():
             _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
         m = ro.completion_mask.bool()
@@ -204,7 +207,7 @@ def test_grpo_takes_the_entropy_gate_only_when_asked():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     h = torch.tensor([1.2, 1.5, 0.9, 1.2])                     # <H>_i: rows 0, 1 and 3 above 1.05
-    base = step.StepConfig(method="grpo", task="arithmetic", generation_size=4, max_completion_length=5)
+    base = Config(method="grpo", dataset="arithmetic", generation_size=4, max_completion_length=5)
     plain, _, a = step.policy_loss(base, logp, mask, adv, h)
     assert a is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
     cfg = dataclasses.replace(base, entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1)
@@ -225,7 +228,7 @@ def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, 
     out = {}
     for mb, sft_mb in ((0, 0), (2, 0), (4, 2)):        # sft_micro_batch_size overrides micro_batch_size
         model.zero_grad()
-        cfg = step.StepConfig(method="sft", task="arithmetic", generation_size=1, max_completion_length=8,
+        cfg = Config(method="sft", dataset="arithmetic", generation_size=1, max_completion_length=8,
                               micro_batch_size=mb, sft_micro_batch_size=sft_mb)
         out[mb, sft_mb] = (step.sft_step(model, tok, records, None, cfg, "cpu")["loss"], grads(model))
     assert out[2, 0][0] == pytest.approx(out[0, 0][0], abs=1e-6) and out[0, 0][0] > 0

@@ -1,4 +1,4 @@
-"""Tests for rollout.py and train.py: masks on a tiny random-weight model, one optimizer
+"""Tests for rollout.py, config.py and train.py: masks on a tiny random-weight model, one optimizer
 step per method, a 2-step run of the embedded model with a resume, and bad flags."""
 import json
 import os
@@ -85,6 +85,7 @@ def _rows(out):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     out = str(tmp_path / "demo")
     # the demo profile: step 1 is the SFT warm-up, steps 2-3 are GTPO
@@ -120,23 +121,97 @@ def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     (["--data_dir", "/no/such/dir"], "data folder '/no/such/dir'"),
     (["--init_from", "/no/such/dir"], "--init_from '/no/such/dir' holds no adapter_model.safetensors"),
 ])
-def test_bad_flags_fail_with_a_clear_message(tmp_path, train_cli, args, msg):
-    r = train_cli("--output_dir", str(tmp_path / "x"), *args)
-    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+def test_bad_flags_fail_with_a_clear_message(tmp_path, capsys, args, msg):
+    assert train.cli(["--output_dir", str(tmp_path / "x"), *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
 
 
-def test_contradictory_methods_are_refused(train_cli):
-    r = train_cli("--use_gtpo", "--use_sft")
-    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+@pytest.mark.parametrize("argv,msg", [(["--use_gtpo", "--use_sft"], "not allowed with argument"),
+                                      (["--learning_rate", "1e-6"], "unrecognized arguments: --learning_rate")])
+def test_contradictory_or_misspelt_flags_are_refused(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        train.cli(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
-def test_help_shows_the_real_defaults(train_cli):
-    r = train_cli("--help")
-    assert r.returncode == 0 and "PROMPTS per optimizer step" in r.stdout
-    text = " ".join(r.stdout.split())                                 # argparse wraps lines
+def test_help_shows_the_real_defaults_grouped(capsys):
+    from config import build_parser
+    with pytest.raises(SystemExit) as e:
+        train.cli(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "PROMPTS per optimizer step" in out
+    text = " ".join(out.split())                                      # argparse wraps lines
     assert "learning rate [default 0.0002 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
     assert "math500" in text and "aime24" in text                     # every dataset
-    assert "--epochs 3 \\ --batch_size 2" in text                     # the example keeps its continuation
+    assert "--epochs 3 \\ --batch_size 2" in text                    # the example keeps its continuation
+    groups = [(g.title, [a.dest for a in g._group_actions]) for g in build_parser()._action_groups]
+    titles = [t for t, _ in groups]
+    assert titles[2:4] == ["the paper's recipe (Listing 1)", "the objective (Eq. 1, 5-8)"]   # first after -h
+    main_flags = sum(len(a) for t, a in groups[2:4])
+    assert main_flags <= 35 and out.index("--lr") < out.index("--output_dir") < out.index("--merge_lora")
+
+
+def test_config_defaults_profiles_and_unknown_fields():
+    """One Config: paper defaults in its fields, the demo's in PROFILES, flags given win; an unknown
+    field fails; "auto" filter resolved once (Config.gate); the method decides Adam's betas."""
+    from config import Config, parse_args
+    demo, paper = parse_args([]), parse_args(["--model", "llama-8b", "--device", "cuda"])
+    assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (2e-4, 8, 32, True)
+    assert (paper.lr, paper.generation_size, paper.lora_rank, paper.one_shot) == (1e-6, 12, 128, False)
+    assert paper.load_in_4bit and paper.max_completion_length == 1500 and paper.rollout == "auto"
+    assert parse_args(["--lr", "3e-4", "--no-one_shot"]).lr == 3e-4
+    assert (paper.adam_beta1, parse_args(["--use_grpo"]).adam_beta1) == (0.999999, 0.9)
+    with pytest.raises(TypeError, match="learning_rate"):
+        Config(learning_rate=1e-6)
+    assert Config(method="grpo").gate == "off" and Config(h_ini=0.5).gate == "all"
+    assert Config(h_ini=0.9).gate == "off" and Config(method="grpo", entropy_filter="neg").gate == "neg"
+    with pytest.raises(ValueError, match="needs <H>_ini"):
+        Config().gate
+
+
+def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
+    from rollout import resolve_path
+    assert [resolve_path("auto", d) for d in ("cuda", "cuda:1", "cpu", torch.device("cpu"))] == \
+        ["generate", "generate", "shared", "shared"]
+    assert resolve_path("generate", "cpu") == "generate" and resolve_path("shared", "cuda") == "shared"
+    with pytest.raises(ValueError, match="rollout path"):
+        resolve_path("vllm", "cpu")
+
+
+def test_both_rollout_paths_give_valid_equally_shaped_rollouts(tiny_model_dir, tiny_lm, monkeypatch):
+    """On CPU, --rollout generate and shared: the same shapes, prompts and mask rules; and auto calls
+    the sampler resolve_path names (generate when it says cuda)."""
+    import cpu_rollout
+    import rollout as rollout_mod
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
+    out = {p: rollout(model, tok, prompts, 3, 7, min_new_tokens=7, path=p, with_entropy=True)
+           for p in ("generate", "shared")}
+    a, b = out["generate"], out["shared"]
+    assert a.completion_ids.shape == b.completion_ids.shape == (6, 7) and a.entropy.shape == b.entropy.shape
+    assert torch.equal(a.prompt_ids, b.prompt_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    assert len(a.texts) == len(b.texts) == 6
+    calls = []
+    monkeypatch.setattr(cpu_rollout, "sample", lambda *a, **k: calls.append("shared"))
+    monkeypatch.setattr(rollout_mod, "resolve_path", lambda path, device: "generate")   # as on a CUDA device
+    rollout_mod.rollout(model, tok, prompts, 2, 3)
+    assert calls == []
+
+
+def test_step_records_wrap_returns_n_records_at_the_epoch_end():
+    """The SFT warm-up's B x G records read on cyclically: always n of them, the epoch's order."""
+    from runs import Dist
+    records = list(range(2000))
+    dist = Dist("cpu")
+    steps_per_epoch = 2000
+    for k in range(0, 200):
+        got, epoch = train.step_records(records, k, steps_per_epoch, 24, dist, seed=0, wrap=True)
+        assert len(got) == 24 and len(set(got)) == 24 and epoch == 0
+    order = torch.randperm(2000, generator=torch.Generator().manual_seed(0)).tolist()
+    got, _ = train.step_records(records, 83, steps_per_epoch, 24, dist, seed=0, wrap=True)   # starts at 1992
+    assert got == order[1992:] + order[:16]
+    assert train.step_records(records, 1, steps_per_epoch, 2, dist, seed=0)[0] == order[2:4]
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
@@ -183,7 +258,7 @@ def test_init_from_starts_from_another_runs_weights(tmp_path, tiny_lm):
 @pytest.mark.parametrize("lora", [True, False])
 def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     import gtpo
-    from rollout import lm_head_of, sequence_logprobs
+    from logprobs import lm_head_of, sequence_logprobs
     model = tiny_lm(lora)
     assert lm_head_of(model) is not None
     V = model.config.vocab_size
@@ -222,7 +297,7 @@ def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
 
 
 def test_chunked_function_gradcheck_float64():
-    from rollout import ChunkedLogprobs
+    from logprobs import ChunkedLogprobs
     torch.manual_seed(0)
     T, D, V = 7, 5, 11
     h = torch.randn(T, D, dtype=torch.float64, requires_grad=True)

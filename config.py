@@ -1,0 +1,199 @@
+"""Every setting of a run in one place: the Config dataclass, its command line and its checks.
+
+Each default is written once, beside its meaning: the paper's values (Listing 1, App. 16.2) in
+the fields, the embedded demo model's own values in PROFILES. `python train.py --help` lists the
+flags by group, the paper's recipe and the objective first; a misspelt flag or field fails.
+"""
+import argparse
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from data import TASKS, check_data_dir, task_name
+from models import ALIASES
+from rollout import PATHS
+from runs import ConfigError
+
+GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objective (Eq. 1, 5-8)",
+          "run": "the run: data, output, resume, logging",
+          "memory": "memory and speed (the same update, computed differently)",
+          "cpu": "CPU sampling path (--rollout shared; cpu_rollout.py)"}
+BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Adam (Listing 1)
+# SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
+# one worked example in the prompt (one_shot), warms up with SFT and uses a LoRA-sized learning rate.
+PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512, max_completion_length=96,
+                                 warmup_ratio=0.05, save_steps=20, ent_ini_prompts=16, one_shot=True,
+                                 sft_warmup_steps=4, max_steps=36, micro_batch_size=4, sft_micro_batch_size=2)}
+
+
+def flag(default, help, group="recipe", **kw):
+    """A Config field with its command-line help; group None keeps it off the command line."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, **kw})
+
+
+@dataclass
+class Config:
+    # ---- the paper's recipe (Listing 1)
+    method: str = flag("gtpo", "set by --use_gtpo (default), --use_grpo or --use_sft", group=None)
+    model: str = flag("smollm2-135m", "alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
+    dataset: str = flag("arithmetic", f"{', '.join(TASKS)} (built-in), or a .jsonl path")
+    batch_size: int = flag(1, "PROMPTS per optimizer step; each gets --generation_size completions")
+    generation_size: int = flag(12, "G, completions per prompt")
+    epochs: int = flag(1, "passes over the training prompts")
+    max_steps: int = flag(-1, "optimizer steps, -1 = --epochs decide")
+    max_prompt_length: int = flag(4000, "longer prompts are dropped (and counted)")
+    max_completion_length: int = flag(1500, "max new tokens per completion")
+    temperature: float = flag(1.0, "sampling temperature")
+    one_shot: bool = flag(False, "show one worked example (tag format) before the question")
+    optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1); "
+                          "adamw_torch = torch.optim.AdamW", choices=["adamw_8bit", "adamw_torch"])
+    lr: float = flag(1e-6, "learning rate")
+    adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9]", type=float)
+    adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95]", type=float)
+    weight_decay: float = flag(0.1, "AdamW weight decay")
+    warmup_ratio: float = flag(0.005, "linear warm-up fraction of a cosine schedule")
+    max_grad_norm: float = flag(0.1, "gradient clipping norm")
+    lora_rank: int = flag(None, "LoRA rank on q,k,v,o,gate,up,down; 0 = full fine-tuning "
+                          "[default: Llama 128, Qwen and others 64, demo 32]", type=int)
+    load_in_4bit: bool = flag(None, "4-bit NF4 base weights [default: on with CUDA; off on CPU, where it "
+                              "works but is slow]", type=bool)
+    dtype: str = flag("auto", "weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)",
+                      choices=["auto", "float32", "bfloat16"])
+    seed: int = flag(3407, "random seed")
+    sft_warmup_steps: int = flag(0, "SFT steps (batch_size x G worked solutions each) before RL")
+    # ---- the objective
+    beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective")
+    clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective")
+    conflict_weight: float = flag(2.0, "lambda on conflict tokens of positive completions (Eq. 5)", group="objective")
+    conflict_combine: str = flag("or", "or = Eq. 5 (2 in overlapping spans); product = released code (4)",
+                                 group="objective", choices=["or", "product"])
+    conflict_norm: bool = flag(False, "divide each completion's loss by its conflict count (released code)",
+                               group="objective")
+    entropy_filter: str = flag("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
+                               "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)",
+                               group="objective", choices=["auto", "all", "neg", "off"])
+    ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective")
+    ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective")
+    ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini", group="objective")
+    scale_rewards: bool = flag(True, "divide advantages by the group std (Eq. 8); --no-scale_rewards = released code",
+                               group="objective")
+    # ---- the run
+    data_dir: str = flag(None, "folder with <dataset>/<split>.jsonl [default: $GTPO_DATA_DIR, then the Hub]",
+                         group="run", type=str)
+    output_dir: str = flag(None, "metrics, samples and checkpoints [default: runs/<method>-<model>-<dataset>]",
+                           group="run", type=str)
+    overwrite: bool = flag(False, "reuse an output_dir that holds another run (its files are replaced)", group="run")
+    resume: bool = flag(False, "continue from the last checkpoint in output_dir", group="run")
+    init_from: str = flag(None, "start from another run's final/ or checkpoint-N/ weights (e.g. SFT, then RL); "
+                          "same --lora_rank", group="run", type=str, metavar="DIR")
+    device: str = flag(None, "cuda, cuda:1 or cpu [default: cuda if available]", group="run", type=str)
+    save_steps: int = flag(500, "checkpoint every N steps", group="run")
+    sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run")
+    report_to: str = flag("none", "also log to Weights & Biases", group="run", choices=["none", "wandb"])
+    # ---- memory and speed
+    rollout: str = flag("auto", "sampler: generate (model.generate), shared (prompt pre-filled once per group, "
+                        "own decode loop) [default auto: shared on CPU, generate elsewhere]", group="memory",
+                        choices=list(PATHS))
+    micro_batch_size: int = flag(0, "completions per forward/backward, 0 = all", group="memory")
+    sft_micro_batch_size: int = flag(0, "worked solutions per forward/backward in SFT steps, 0 = as "
+                                     "--micro_batch_size", group="memory")
+    logprob_chunk: int = flag(256, "completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) "
+                              "logits)", group="memory")
+    share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group (off with checkpointing)",
+                              group="memory")
+    gradient_checkpointing: bool = flag(False, "trade compute for activation memory", group="memory")
+    merge_lora: bool = flag(True, "sample with LoRA merged into copies of the base weights", group="cpu")
+    heap_mmap_mb: float = flag(0.0, "glibc: freed blocks above this size (MB) go back to the OS at once (lower "
+                               "peak RSS, slower steps); 0 = glibc's default", group="cpu")
+    # ---- set by the program, not by a flag
+    min_new_tokens: int = flag(0, "EOS barred before this many tokens (bench.py forces lengths)", group=None)
+    h_ini: float = flag(None, "<H>_ini measured at setup (Sec. 6), which Eq. 6's auto filter reads", group=None)
+
+    @property
+    def task(self):
+        """The reward's task name (rewards.score)."""
+        return task_name(self.dataset)
+
+    @property
+    def gate(self):
+        """The entropy gate as run (Eq. 6): "auto" filters iff <H>_ini < ln 2 for GTPO and is off for
+        GRPO (the plain baseline; all / neg add the gate to GRPO, App. 14)."""
+        if self.entropy_filter != "auto":
+            return self.entropy_filter
+        if self.method != "gtpo":
+            return "off"
+        if self.h_ini is None:
+            raise ValueError("entropy_filter 'auto' needs <H>_ini (Config.h_ini); measure it first "
+                             "(step.initial_entropy) or choose all, neg or off")
+        return "all" if self.h_ini < math.log(2) else "off"
+
+
+def default_help(f):
+    """' [default ...]' for --help; the demo profile's value where it differs from the paper's."""
+    demo = PROFILES["smollm2-135m"].get(f.name, f.default)
+    if f.default is None or "[default" in f.metadata["help"] or isinstance(f.default, bool) and demo == f.default:
+        return ""
+    if demo != f.default:
+        return f" [default {demo} with smollm2-135m (demo profile), else {f.default} (paper)]"
+    return f" [default {f.default}]"
+
+
+def build_parser(description=None):
+    """The command line, generated from Config's fields, grouped as GROUPS; every default is
+    argparse.SUPPRESS so that parse_args knows which flags were given."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)
+    groups = {k: p.add_argument_group(title) for k, title in GROUPS.items()}
+    m = groups["recipe"].add_mutually_exclusive_group()
+    for method, what in (("gtpo", "train with GTPO (default)"), ("grpo", "train with the GRPO baseline (Eq. 1)"),
+                         ("sft", "supervised fine-tuning on the worked solutions")):
+        m.add_argument(f"--use_{method}", dest="method", action="store_const", const=method, help=what)
+    for f in dataclasses.fields(Config):
+        meta = dict(f.metadata)
+        group, help = meta.pop("group"), meta.pop("help")
+        if group is None:
+            continue
+        if f.type is bool or meta.get("type") is bool:
+            meta.pop("type", None)
+            switch = f.default is False and f.name not in PROFILES["smollm2-135m"]
+            meta["action"] = "store_true" if switch else argparse.BooleanOptionalAction
+        elif "type" not in meta:
+            meta["type"] = type(f.default)
+        groups[group].add_argument(f"--{f.name}", help=help + default_help(f), **meta)
+    return p
+
+
+def parse_args(argv=None, description=None):
+    """Command line -> a checked Config: flags given > the model's profile > the paper's defaults."""
+    given = vars(build_parser(description).parse_args(argv))
+    profile = PROFILES.get(given.get("model", Config.model), {})
+    return finish(Config(**{**profile, **given}))
+
+
+def finish(cfg):
+    """Fill the defaults that depend on the device, model or method, and refuse what cannot work."""
+    cfg.device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.load_in_4bit is None:                        # Listing 1 on a GPU; on CPU only when asked
+        cfg.load_in_4bit = cfg.device.startswith("cuda")
+    if cfg.lora_rank is None:
+        cfg.lora_rank = ALIASES.get(cfg.model, (None, 64))[1]      # Listing 1: Llama 128, Qwen 64
+    b1, b2 = BETAS[cfg.method]
+    cfg.adam_beta1 = b1 if cfg.adam_beta1 is None else cfg.adam_beta1
+    cfg.adam_beta2 = b2 if cfg.adam_beta2 is None else cfg.adam_beta2
+    if cfg.method != "sft" and cfg.generation_size < 2:
+        raise ConfigError(f"--generation_size {cfg.generation_size}: GRPO and GTPO compare completions within "
+                          f"a group and need G >= 2 (the paper uses 8 or 12); for one sample per prompt use --use_sft")
+    if cfg.batch_size < 1:
+        raise ConfigError("--batch_size must be >= 1 (prompts per optimizer step)")
+    if cfg.max_steps == 0 or cfg.max_steps < -1:
+        raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
+                          f"or -1 to let --epochs decide")
+    check_data_dir(cfg.data_dir)                        # before the model loads
+    if cfg.gradient_checkpointing:
+        cfg.share_prompt = False                        # checkpointed layers cannot keep a KV cache
+    if cfg.output_dir is None:
+        cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{cfg.task}")
+    return cfg

@@ -1,0 +1,180 @@
+"""The gradient pass: log pi(o_t) and H_t of every completion token under the policy (Sec. 3).
+
+PolicyPass           the forward that predicts every completion token; with `prompt_index` each
+                     prompt is computed once and its G completions attend to it (gradient included)
+sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
+                     over positions so the (N, L, V) logits never exist (ChunkedLogprobs)
+"""
+import torch
+import torch.nn.functional as F
+
+from gtpo import token_entropy, token_logprobs
+
+
+def positions(mask):
+    """Position ids from an attention mask, as `generate` makes them: 0 at the first real token
+    of a left-padded row, 0 at padding."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _rows_logsumexp(z, rows=32):
+    """logsumexp over the last dim, 32 rows at a time: the temporary exp(z - max) stays small."""
+    return torch.cat([z[r:r + rows].logsumexp(dim=-1) for r in range(0, z.shape[0], rows)])
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """log pi(target) and entropy from final hidden states through the LM head, `logprob_chunk`
+    positions at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256
+    fp32 = 9 GB).
+
+    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk
+              -> logp (T,) float32, entropy (T,) float32 (no gradient; Eq. 7's gamma acts
+              through the advantage) -- both from each chunk's fp32 logits.
+    backward: recomputes each chunk's logits and forms d logp / d z = onehot(target) - softmax(z)
+              in place, so the peak extra memory is about one (logprob_chunk, V) fp32 block.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy):
+        T = hidden.shape[0]
+        logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
+        c = logprob_chunk
+        for s in range(0, T, c):
+            z = F.linear(hidden[s:s + c], weight, bias).float()                      # (c, V)
+            lse = _rows_logsumexp(z)                                                 # (c,)
+            logp[s:s + c] = z.gather(1, targets[s:s + c, None]).squeeze(1) - lse
+            if with_entropy:                                                         # H = -sum p log p
+                z.sub_(lse[:, None]).clamp_(min=torch.finfo(z.dtype).min)            # log p, -inf -> min
+                for r in range(0, z.shape[0], 32):                                   # small temporaries
+                    zr = z[r:r + 32]
+                    ent[s + r:s + r + zr.shape[0]] = -zr.exp().mul_(zr).sum(dim=-1)
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.logprob_chunk = c
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        c = ctx.logprob_chunk
+        for s in range(0, hidden.shape[0], c):
+            h, t, g = hidden[s:s + c], targets[s:s + c], g_logp[s:s + c].float()
+            z = F.linear(h, weight, bias).float()                                    # (c, V)
+            z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
+            z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
+            dz = z.to(weight.dtype)
+            if need_h:
+                grad_h[s:s + c] = dz @ weight
+            if need_w:
+                grad_w.addmm_(dz.t().float(), h.float())
+            if need_b:
+                grad_b += z.sum(0)
+            del z, dz
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None,
+                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+
+
+def lm_head_of(model):
+    """The output projection when logits are exactly head(hidden) (Llama, Qwen, SmolLM2, Mistral);
+    None for models that rescale or soft-cap logits, which then take the unchunked path."""
+    inner = getattr(model, "module", model)                           # DistributedDataParallel
+    cfg = getattr(inner, "config", None)
+    if cfg is None or any(getattr(cfg, k, None) not in (None, 1, 1.0)
+                          for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    head = inner.get_output_embeddings()
+    return head if isinstance(head, torch.nn.Linear) else None
+
+
+def expand_rows(x, counts):
+    """Row b of x repeated counts[b] times, as expand + cat: its backward sums each prompt's
+    gradient over its completions in a fixed order (an index gather's scatter-add backward
+    does not give bit-identical sums from one process to the next)."""
+    return torch.cat([x[b:b + 1].expand(c, *x.shape[1:]) for b, c in enumerate(counts)])
+
+
+class PolicyPass(torch.nn.Module):
+    """The policy's pass over B prompts and n completions as ONE module call, so that DDP sees one
+    forward per backward even when the prompts are computed apart from their completions.
+
+    forward(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False)
+      prompt_index None: prompt_ids/mask are (n, P), one row per completion; one joint forward.
+      prompt_index (n,) long: prompt_ids/mask are (B, P), completion j continues prompt
+        prompt_index[j] (sorted: each prompt's completions consecutive, as a rollout lays them
+        out). Each prompt is run once with its KV cache kept (with grad); the cache is expanded to
+        the n rows (expand_rows) and the completions attend to it, so the gradient reaches the
+        prompt's computation summed over its completions, as through n copies.
+      -> (n, L, D) final hidden states, or (n, L, V) logits, at the positions that predict o_t.
+    Positions come from the attention masks, as in `generate`.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False):
+        L = completion_ids.shape[1]
+        out_kw = {"logits_to_keep": L + 1} if logits else {"logits_to_keep": 1, "output_hidden_states": True}
+        pick = (lambda o: o.logits) if logits else (lambda o: o.hidden_states[-1])
+        if prompt_index is None:
+            ids = torch.cat([prompt_ids, completion_ids], dim=1)                    # (n, P + L)
+            attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False,
+                             **out_kw)
+            return pick(out)[:, -L - 1:-1]                                           # position t predicts o_t
+        values, counts = torch.unique_consecutive(prompt_index, return_counts=True)
+        counts = counts.tolist()
+        if values.tolist() != list(range(prompt_ids.shape[0])):
+            raise ValueError("prompt_index must be 0, ..., B-1 in order, each prompt's completions consecutive")
+        p_pos = positions(prompt_mask)                                               # (B, P)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=p_pos, use_cache=True,
+                         **{**out_kw, "logits_to_keep": 1})
+        first = expand_rows(pick(out)[:, -1:], counts)                               # (n, 1, .) predicts o_0
+        if L == 1:
+            return first
+        cache = out.past_key_values
+        for layer in cache.layers:                                                   # (B, ...) -> (n, ...)
+            layer.keys, layer.values = expand_rows(layer.keys, counts), expand_rows(layer.values, counts)
+        attn = torch.cat([prompt_mask[prompt_index], completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
+        c_pos = p_pos[prompt_index, -1:] + 1 + torch.arange(L - 1, device=p_pos.device)   # (n, L - 1)
+        out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
+                         past_key_values=cache, use_cache=True,
+                         **{**out_kw, "logits_to_keep": L - 1 if logits else 1})   # hidden states: no logits
+        return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
+
+
+def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                      with_entropy=True, logprob_chunk=256, prompt_index=None):
+    """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}.
+
+    model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index: see PolicyPass
+    (None: one row of prompt_ids per completion). With logprob_chunk > 0 the model returns only its
+    final hidden states, and the LM head runs over the real completion tokens in chunks
+    (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the full
+    (N, L, V) logits (the reference path the tests compare against).
+    Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
+    (N, L) float32 without grad, or None.
+    """
+    runner = model if isinstance(getattr(model, "module", model), PolicyPass) else PolicyPass(model)
+    head = lm_head_of(getattr(runner, "module", runner).model) if logprob_chunk > 0 else None
+    if head is not None:
+        hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index)  # (N, L, D)
+        keep = completion_mask.bool()                                     # (N, L)
+        logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
+                                          logprob_chunk, with_entropy)
+        zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
+        return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
+    logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True)  # (N, L, V)
+    logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            flat = logits.detach().flatten(0, 1)
+            entropy = torch.cat([token_entropy(c) for c in flat.split(512)]).view(logits.shape[:2])
+    return logprobs, entropy
