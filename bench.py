@@ -413,14 +413,14 @@ def report_step(args, res):
 def report_paper_step(args, res):
     """Part 4: a paper-shaped step (G=12, prompt ~250 tokens, --paper_tokens forced tokens): the
     default step against the plain one (`generate`, no prompt sharing in the gradient pass), or the
-    --methods given, 4 completions per forward/backward (all 12 at once would keep ~2 MB of
-    activations per token on the embedded model)."""
+    --methods given, --paper_micro_batch completions per forward/backward (all 12 at once would keep
+    ~2 MB of activations per token on the embedded model)."""
     names = args.methods.split(",") if args.methods else ["gtpo", "gtpo plain"]
     st, shape = bench_step(args, 12, args.paper_tokens, args.steps if args.methods else 1, names,
-                           prompt_tokens=250, micro_batch_size=4)
+                           prompt_tokens=250, micro_batch_size=args.paper_micro_batch)
     res["paper_step"] = {**st, "shape": shape}
     print_step_table(f"\n4. paper-shaped step, {args.model}, 1 prompt ({shape['prompt_tokens']} tokens) x G=12 x "
-                     f"{args.paper_tokens} tokens, micro-batches of 4 (medians after a warm-up round, seconds)", st)
+                     f"{args.paper_tokens} tokens, micro-batches of {args.paper_micro_batch} (medians after a warm-up round, seconds)", st)
     for a in names[1:]:
         res["paper_step"][f"{names[0]}_over_{a}"] = st[names[0]]["total"] / st[a]["total"]
         print(f"   {names[0]} / {a} {res['paper_step'][f'{names[0]}_over_{a}']:.3f}")
@@ -433,6 +433,7 @@ def main():
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--paper_tokens", type=int, default=512, help="forced completion length of the paper part")
+    p.add_argument("--paper_micro_batch", type=int, default=4, help="completions per forward/backward, paper part")
     p.add_argument("--model", default="smollm2-135m", help="step and paper parts: alias or model folder")
     p.add_argument("--flags", default="", help="step and paper parts: more train.py flags, e.g. '--lora_rank 128'")
     p.add_argument("--G", type=int, default=8)
