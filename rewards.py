@@ -9,11 +9,20 @@
                  `str(true) in str(pred)` marks "1" correct for "10".
 
 score(completions, answers, task) -> (total, formatting, correctness) float tensors.
-Pure: no printing, no logging.
+No printing, no logging.
+
+The completions are the policy's own output, so the reward bounds its cost on any text: the format
+check and answer extraction are linear-time scans; an answer longer than MAX_ANSWER_CHARS is
+wrong without being parsed; math-verify runs in a child process (LatexWorker) that is killed when
+one answer exceeds LATEX_TIMEOUT, and a batch stops calling it after LATEX_BATCH_SECONDS. Every
+answer refused so is scored wrong and counted (score's `counts`: "guarded").
 """
 import functools
+import logging
+import multiprocessing
 import re
 import threading
+import time
 from fractions import Fraction
 
 import torch
@@ -22,24 +31,40 @@ FORMAT_FULL, FORMAT_PARTIAL, CORRECT = 10.0, 1.0, 10.0
 TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 NUMERIC_TASKS = {"gsm8k", "aime24", "amc23", "arithmetic"}
 LATEX_TASKS = {"math", "math500"}
-_FULL_FORMAT = re.compile(r"<reasoning>.*?</reasoning>.*?<answer>.*?</answer>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
+LATEX_TIMEOUT = 2.0             # seconds for one math-verify comparison, then its process is killed
+LATEX_BATCH_SECONDS = 8.0       # math-verify time per score() call; later answers are not compared
 
 
 def format_reward(completion):
-    """10 / 1 / 0 formatting reward (App. 16.1)."""
-    if _FULL_FORMAT.search(completion):
-        return FORMAT_FULL
-    return FORMAT_PARTIAL if any(t in completion for t in TAGS) else 0.0
+    """10 / 1 / 0 formatting reward (App. 16.1): 10 when <reasoning>, </reasoning>, <answer>,
+    </answer> occur in this order. Taking each tag's first occurrence after the previous one
+    decides it in one left-to-right scan (the regex `<reasoning>.*?</reasoning>.*?<answer>.*?
+    </answer>` searched from every start is quadratic or worse on repeated tags)."""
+    at = 0
+    for tag in TAGS:
+        at = completion.find(tag, at)
+        if at < 0:
+            return FORMAT_PARTIAL if any(t in completion for t in TAGS) else 0.0
+        at += len(tag)
+    return FORMAT_FULL
 
 
 def extract_answer(completion):
     """Text inside the last complete <answer>...</answer>, stripped; None if there is none.
-    For nested tags ("<answer><answer>5</answer>") the innermost opening tag counts."""
-    found = _ANSWER.findall(completion)
-    if not found:
+    Pairs are taken left to right, each <answer> with the first </answer> after it (as a regex
+    findall of `<answer>(.*?)</answer>`); inside the last pair the innermost opening tag counts
+    ("<answer><answer>5</answer>" -> "5"). One linear scan."""
+    last, at = None, 0
+    while True:
+        i = completion.find("<answer>", at)
+        j = completion.find("</answer>", i + 8) if i >= 0 else -1
+        if j < 0:
+            break
+        last, at = (i + 8, j), j + 9
+    if last is None:
         return None
-    return found[-1].rsplit("<answer>", 1)[-1].strip()
+    return completion[last[0]:last[1]].rsplit("<answer>", 1)[-1].strip()
 
 
 # -----------------------------------------------------------------------------
@@ -59,7 +84,7 @@ def parse_number(text):
     Handles "1,234", "$1,234.00", "18 dollars", "\\boxed{25}", "025", "−5", "3/4",
     "\\frac{3}{4}", "x = 7", "50%". Exact (Fraction), so 0.1 + 0.2 style noise cannot matter.
     """
-    if text is None:
+    if text is None or len(text) > MAX_ANSWER_CHARS:
         return None
     t = text.strip().lower().replace("\u2212", "-").replace("$", "").replace("\\!", "")
     t = re.sub(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(\d+)\s*\}", r"\1/\2", t)
@@ -86,62 +111,121 @@ def numbers_equal(pred, ref):
 # -----------------------------------------------------------------------------
 # LaTeX answers (MATH) with math-verify
 
-def _timeout():
-    # math-verify's timeouts use signal.alarm, which exists only in the main thread
-    return 1 if threading.current_thread() is threading.main_thread() else None
+def _serve(conn):
+    """The child process: compare (pred, ref) pairs with math-verify until the pipe closes."""
+    logging.disable(logging.CRITICAL)              # math-verify logs whole inputs on its own timeouts
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    cfg = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+    conn.send("ready")
+    while True:
+        try:
+            pred, ref = conn.recv()
+        except EOFError:
+            return
+        try:   # bare LaTeX ("\frac{1}{2}", "(3, \pi/2)"): boxed so that it is read whole
+            gold = parse(f"\\boxed{{{ref}}}", extraction_config=cfg, parsing_timeout=1)
+            target = parse(f"\\boxed{{{pred}}}", extraction_config=cfg, parsing_timeout=1)
+            same = (pred.strip() == ref.strip()) if not gold or not target else \
+                bool(verify(gold, target, timeout_seconds=1))
+        except Exception:                          # math-verify's own timeout / sympy errors
+            same = False
+        conn.send(same)
+
+
+class LatexWorker:
+    """math-verify in a child process, one per process that scores: compare() returns the verdict,
+    or None when it took longer than `timeout` (the child is then killed and later restarted).
+    A child, not a thread: big-integer arithmetic in sympy holds the GIL and ignores signals, so
+    only a process can be stopped, on any thread of the caller."""
+
+    def __init__(self):
+        self.proc, self.conn, self.lock = None, None, threading.Lock()
+
+    def _start(self):
+        ctx = multiprocessing.get_context("forkserver")   # no fork of a process that holds torch threads;
+        ctx.set_forkserver_preload(["math_verify"])         # a restart forks a clean server: milliseconds
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(120) or self.conn.recv() != "ready":
+            raise RuntimeError("the math-verify worker process did not start")
+
+    def _stop(self):
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+        self.proc = None
+
+    def compare(self, pred, ref, timeout):
+        with self.lock:
+            if self.proc is None or not self.proc.is_alive():
+                self._start()
+            self.conn.send((pred, ref))
+            if self.conn.poll(timeout):
+                return self.conn.recv()
+            self._stop()
+            return None
+
+
+_WORKER = LatexWorker()
 
 
 @functools.lru_cache(maxsize=65536)
-def _parse_latex(text):
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
-    cfg = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
-    # the answer is bare LaTeX ("\frac{1}{2}", "(3, \pi/2)"): box it so it is read whole
-    parsed = parse(f"\\boxed{{{text}}}", extraction_config=cfg, parsing_timeout=_timeout())
-    return tuple(parsed)
+def _latex_verdict(pred, ref, timeout):
+    return _WORKER.compare(pred, ref, timeout)
 
 
-def latex_equal(pred, ref):
+def latex_equal(pred, ref, timeout=LATEX_TIMEOUT):
     """LaTeX-aware equivalence (fractions, \\dfrac, 0.5 vs \\frac12, intervals, \\text{} units,
-    ordered tuples) with math-verify; a 1 s timeout guards against pathological input."""
+    ordered tuples) with math-verify, bounded by `timeout` seconds. Returns True / False, or None
+    when the answer was not compared (too long, or out of time): the caller counts it as wrong."""
     if pred is None or not pred.strip():
         return False
+    if len(pred) > MAX_ANSWER_CHARS:
+        return None
     if numbers_equal(pred, ref):                         # fast path, also covers "1,000" vs "1000"
         return True
-    from math_verify import verify
-    gold, target = _parse_latex(ref), _parse_latex(pred)
-    if not gold or not target:
-        return pred.strip() == ref.strip()
-    try:
-        return bool(verify(list(gold), list(target), timeout_seconds=_timeout()))
-    except Exception:                                    # math-verify's own timeout / sympy errors
-        return False
+    if timeout <= 0:
+        return None
+    return _latex_verdict(pred, ref, timeout)
 
 
-def answers_equal(pred, ref, task):
-    """Correctness test for one extracted answer, selected by task name."""
+def answers_equal(pred, ref, task, timeout=LATEX_TIMEOUT):
+    """Correctness test for one extracted answer, selected by task name: True / False, or None
+    when the answer was refused unparsed (longer than MAX_ANSWER_CHARS, or math-verify out of time)."""
     if pred is None:
         return False
+    if len(pred) > MAX_ANSWER_CHARS:
+        return None
     if task in NUMERIC_TASKS:
         return numbers_equal(pred, ref)
     if task in LATEX_TASKS:
-        return latex_equal(pred, ref)
+        return latex_equal(pred, ref, timeout)
     # a local dataset: numbers when the reference is a number, LaTeX otherwise
-    return numbers_equal(pred, ref) if parse_number(ref) is not None else latex_equal(pred, ref)
+    return numbers_equal(pred, ref) if parse_number(ref) is not None else latex_equal(pred, ref, timeout)
 
 
 def correctness_reward(completion, answer, task):
     return CORRECT if answers_equal(extract_answer(completion), answer, task) else 0.0
 
 
-def score(completions, answers, task):
+def score(completions, answers, task, counts=None):
     """Batch reward: (total, formatting, correctness), each a float32 tensor (N,).
 
     completions: list of N strings; answers: list of N reference answers (repeat each
     prompt's answer G times); task: dataset name ("gsm8k", "math", "aime24", ...).
+    counts: a dict that gets "guarded" += the answers scored wrong unparsed (too long, or
+    math-verify out of time or past the batch's LATEX_BATCH_SECONDS).
     """
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
     fmt = torch.tensor([format_reward(c) for c in completions], dtype=torch.float32)
-    cor = torch.tensor([correctness_reward(c, a, task) for c, a in zip(completions, answers)],
-                       dtype=torch.float32)
+    deadline, verdicts = time.monotonic() + LATEX_BATCH_SECONDS, []
+    for c, a in zip(completions, answers):
+        left = min(LATEX_TIMEOUT, deadline - time.monotonic())
+        verdicts.append(answers_equal(extract_answer(c), a, task, timeout=left))
+    if counts is not None:
+        counts["guarded"] = counts.get("guarded", 0) + sum(v is None for v in verdicts)
+    cor = torch.tensor([CORRECT if v else 0.0 for v in verdicts], dtype=torch.float32)
     return fmt + cor, fmt, cor

@@ -113,7 +113,8 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     mask = ro.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
-    total, fmt, cor = (reward_fn or score)(ro.texts, [a for a in answers for _ in range(G)], cfg.task)
+    refs, counts = [a for a in answers for _ in range(G)], {}
+    total, fmt, cor = reward_fn(ro.texts, refs, cfg.task) if reward_fn else score(ro.texts, refs, cfg.task, counts)
     adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
     clock("reward")
     # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
@@ -127,6 +128,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
     h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
+    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
     if gated is not None:
         m["gtpo/filtered_frac"] = ((gated == 0) & (adv != 0)).float().mean().item() if cfg.gate != "off" else 0.0
     if cfg.method == "gtpo":

@@ -59,7 +59,7 @@ def _split(model):
     return base, lora
 
 
-def _varied_reward(texts, answers, task):
+def _varied_reward(texts, answers, task, counts=None):
     """A random model earns no reward; a reward that varies within each group gives GRPO a gradient."""
     r = torch.arange(len(texts), dtype=torch.float32) % 3
     return r, r, torch.zeros_like(r)

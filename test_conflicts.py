@@ -76,7 +76,7 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
     """A tiny GTPO run at low temperature (near-identical completions, so conflicts happen) with a
     reward that splits each group: conflicts.json's total equals the sum of n_conflict in
     metrics.jsonl, and a run resumed from checkpoint-1 ends with the same counts."""
-    def split_reward(texts, answers, task):
+    def split_reward(texts, answers, task, counts=None):
         r = (torch.arange(len(texts)) % 2).float() * 10
         return r, r, torch.zeros_like(r)
     monkeypatch.setattr(step, "score", split_reward)

@@ -32,7 +32,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
     """One GTPO step on a fixed rollout (fp32): the same loss and LoRA gradients on CUDA as on CPU."""
     from test_step import _fixed_rollout
     tok = load_tokenizer(tiny_model_dir)
-    reward = lambda texts, answers, task: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, entropy_filter="off",
                  logprob_chunk=4, micro_batch_size=2)
     out = {}
@@ -53,7 +53,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
 def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, tiny_args, monkeypatch):
     """train.py on CUDA with its CUDA defaults: `generate`, bf16, paged 8-bit AdamW (4-bit off: the
     tiny model's 32-wide layers are below NF4's block size)."""
-    def fake_score(texts, answers, task):
+    def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
     monkeypatch.setattr(step, "score", fake_score)

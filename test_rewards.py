@@ -153,3 +153,106 @@ def test_wrong_answers_score_format_only(name):
     false_pos = [(o, r["answer"]) for o, r, t in zip(others, recs, total) if t != 10]
     assert (fmt == 10).all()
     assert len(false_pos) <= 0.01 * n, false_pos
+
+
+# -----------------------------------------------------------------------------
+# hostile completions: bounded time, no exception, the same verdicts where the old code had one
+
+def _old_format(text):
+    import re
+    if re.search(r"<reasoning>.*?</reasoning>.*?<answer>.*?</answer>", text, re.DOTALL):
+        return 10.0
+    return 1.0 if any(t in text for t in ("<reasoning>", "</reasoning>", "<answer>", "</answer>")) else 0.0
+
+
+def _old_extract(text):
+    import re
+    found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    return found[-1].rsplit("<answer>", 1)[-1].strip() if found else None
+
+
+PIECES = ["<reasoning>", "</reasoning>", "<answer>", "</answer>", "<answer", "answer>", "5", "9" * 40,
+          "\u0663\u0664", "^{", "}", "{", "!", "\\frac{1}{2}", "10^{10^{", "\x00", "\x1b[2J", " ", "\n", "x = 7",
+          "$1,234", "(10^{6})!", "\\cdot 12345678901", "\u202e", "\ud800"]
+
+
+def hostile(rng, n_pieces):
+    """A seeded tag soup: tags (paired and not), digits (ASCII, Arabic-Indic, very long), exponent
+    towers, factorials, braces, control characters, a lone surrogate, some pieces repeated hundreds
+    of times."""
+    out = []
+    for _ in range(n_pieces):
+        piece = rng.choice(PIECES)
+        out.append(piece * (rng.choice([1, 1, 1, 3, 50, 400])))
+    return "".join(out)
+
+
+def test_format_and_extraction_equal_the_regex_definitions_on_tag_soup():
+    import random
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice(["<reasoning>", "</reasoning>", "<answer>", "</answer>", "a", "5", "\n"])
+                       for _ in range(rng.randrange(0, 16)))
+        assert format_reward(text) == _old_format(text), text
+        assert extract_answer(text) == _old_extract(text), text
+
+
+def test_repeated_tags_are_linear_time():
+    import time
+    for text in ("<reasoning></reasoning>" * 2000 + "<answer>" * 2000, "<reasoning>" * 3000 + "<answer>" * 3000):
+        t = time.perf_counter()
+        assert format_reward(text) == 1.0 and extract_answer(text) is None
+        assert time.perf_counter() - t < 0.5
+
+
+@pytest.mark.parametrize("answer", ["9" * 5000, "\u0663\u0664\u0665" * 3000, "1" * 401])
+def test_oversized_answers_are_wrong_and_counted_not_a_crash(answer):
+    counts = {}
+    total, fmt, cor = score([wrap(answer)] * 2 + [wrap("7")], [answer[:5], "9", "7"], "gsm8k", counts)
+    assert cor.tolist() == [0.0, 0.0, 10.0] and fmt.tolist() == [10.0] * 3 and counts == {"guarded": 2}
+    assert parse_number("9" * 5000) is None and answers_equal("9" * 5000, "9", "math") is None
+
+
+def _fuzz(n, task, seed):
+    import random
+    import time
+    rng = random.Random(seed)
+    texts = [hostile(rng, rng.randrange(1, 30)) for _ in range(n)]
+    slowest = 0.0
+    for i in range(0, n, 24):
+        t = time.perf_counter()
+        total, fmt, cor = score(texts[i:i + 24], ["5"] * len(texts[i:i + 24]), task, {})
+        slowest = max(slowest, time.perf_counter() - t)
+        assert total.shape == (len(texts[i:i + 24]),) and torch.isfinite(total).all()
+    return slowest
+
+
+def test_fuzz_numeric_fast_tier():
+    assert _fuzz(96, "gsm8k", seed=1) < 2.0                          # per batch of 24
+
+
+@pytest.mark.slow
+def test_fuzz_1000_hostile_completions():
+    """1,000 seeded hostile completions on the numeric reward and 120 on math-verify's: no exception,
+    every batch of 24 within its bound (math: the batch budget + one timeout + a worker restart)."""
+    import rewards
+    assert _fuzz(1000, "gsm8k", seed=2) < 2.0
+    bound = rewards.LATEX_BATCH_SECONDS + rewards.LATEX_TIMEOUT + 15
+    assert _fuzz(120, "math", seed=3) < bound
+
+
+@pytest.mark.slow
+def test_tower_from_a_worker_thread_returns_within_the_bound():
+    """9^{9^{9^{9^{9}}}} scored off the main thread (as a TRL reward function might be): math-verify's
+    signal timeout cannot act there, the worker process is killed instead."""
+    import threading
+    import time
+    import rewards
+    box = []
+    t = time.perf_counter()
+    th = threading.Thread(target=lambda: box.append(score([wrap("9^{9^{9^{9^{9}}}}")], ["5"], "math", {})),
+                          daemon=True)
+    th.start()
+    th.join(rewards.LATEX_TIMEOUT + 60)
+    assert not th.is_alive() and box[0][2].item() == 0.0
+    assert time.perf_counter() - t < rewards.LATEX_TIMEOUT + 60

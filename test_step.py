@@ -74,7 +74,7 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
     B, G = 2, 3
     ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
-    reward = lambda texts, answers, task: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
     base = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                            entropy_filter="off", logprob_chunk=4)
     results = {}

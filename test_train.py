@@ -51,7 +51,7 @@ def test_rollout_on_tiny_model(tiny_model_dir):
 def _run(tmp_path, tiny_args, monkeypatch, *extra):
     # a random model earns no reward; a fake reward that varies within each group makes the
     # advantages non-zero so that every method has a gradient to apply
-    def fake_score(texts, answers, task):
+    def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
     monkeypatch.setattr(step, "score", fake_score)
