@@ -1,0 +1,167 @@
+"""GTPO for TRL users: GTPOConfig and GTPOTrainer on TRL's GRPOTrainer (pip install -r requirements-trl.txt).
+
+    from gtpo_trl import GTPOConfig, GTPOTrainer
+    trainer = GTPOTrainer(model=model, processing_class=tok, reward_funcs=[reward],
+                          args=GTPOConfig(output_dir="out", num_generations=8), train_dataset=ds)
+    trainer.train()                       # launch with accelerate / DeepSpeed as for GRPOTrainer
+
+What changes against GRPOTrainer, all computed with gtpo.py's functions:
+  * after TRL scores a generation batch, every process's completions are gathered so that each
+    group is whole (a group may straddle processes), and each completion gets per-token
+    advantages  A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i)  (Eq. 5-7; divided by its
+    conflict count with conflict_norm), <H>_i from a no-grad pass of the current policy;
+  * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
+    tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22.
+Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/mean_weight (and gtpo/h_ini with "auto").
+
+    python gtpo_trl.py            # a few GTPO steps of the embedded model on the arithmetic task, CPU
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+import gtpo
+
+try:
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as e:                                           # TRL is optional for the rest of the project
+    raise ImportError("gtpo_trl.py needs TRL: pip install -r requirements-trl.txt") from e
+
+
+@dataclass
+class GTPOConfig(GRPOConfig):
+    """GRPOConfig plus GTPO's settings, under train.py's names; TRL options that would change the
+    method are refused."""
+    loss_type: str = field(default="grpo", metadata={"help": "TRL's 'grpo' loss is Eq. 7's normalisation"})
+    conflict_weight: float = field(default=2.0, metadata={"help": "lambda on positive conflict tokens (Eq. 5)"})
+    conflict_combine: str = field(default="or", metadata={"help": "or = Eq. 5; product = released code"})
+    conflict_norm: bool = field(default=False, metadata={"help": "divide by the conflict count (released code)"})
+    entropy_filter: str = field(default="auto", metadata={"help": "auto (Eq. 6: filter iff <H>_ini < ln 2, "
+                                                          "<H>_ini from the first batch), all, neg, off"})
+    ent_threshold: float = field(default=math.log(2), metadata={"help": "threshold on <H>_i (Eq. 6)"})
+    ent_gamma: float = field(default=0.1, metadata={"help": "gamma of -gamma <H>_i (Eq. 7)"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        wrong = {
+            "loss_type": (self.loss_type, "grpo", "GTPO's normalisation (Eq. 7) is TRL's 'grpo' loss"),
+            "beta": (self.beta, 0.0, "GTPO has no KL term"),
+            "top_entropy_quantile": (self.top_entropy_quantile, 1.0, "another token filter than Eq. 6"),
+            "entropy_coef": (getattr(self, "entropy_coef", 0.0), 0.0, "an entropy bonus with gradient, not Eq. 7"),
+            "importance_sampling_level": (self.importance_sampling_level, "token", "GTPO weighs tokens"),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold, None, "masks tokens GTPO weighs"),
+            "multi_objective_aggregation": (self.multi_objective_aggregation, "sum_then_normalize",
+                                            "Eq. 8 normalises the summed reward per group"),
+        }
+        for name, (value, want, why) in wrong.items():
+            if value != want:
+                raise ValueError(f"GTPOConfig: {name}={value!r} is not supported ({why}); use {want!r}")
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
+                             f"('none' = the released code)")
+        if self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", "all", "neg", "off"):
+            raise ValueError("GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is auto, all, neg "
+                             "or off")
+
+
+def token_advantages(ids, mask, advantages, h, group_size, args, gate):
+    """Per-token advantages of Eq. 5-7 for whole groups, from gtpo.py's functions.
+
+    ids, mask (N, T) right-padded completions, groups of `group_size` consecutive rows; advantages
+    (N,) from TRL (Eq. 8); h (N,) = <H>_i; gate: "all", "neg" or "off".
+    A group whose advantages are all equal (all rewards equal: TRL leaves ~1e-12 residues) gets 0.
+    Returns (A (N, T) float32, metrics dict of floats).
+    """
+    a = advantages.float().view(-1, group_size)                                     # (B, G)
+    flat = (a == a[:, :1]).all(dim=1, keepdim=True)
+    a = torch.where(flat, torch.zeros_like(a), a).reshape(-1)                       # (N,)
+    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size, pos_weight=args.conflict_weight,
+                                                            combine=args.conflict_combine)   # (N, T)
+    shaped = gtpo.entropy_gate(a, h, args.ent_threshold, args.ent_gamma, gate)      # (N,) Eq. 6-7
+    per_token = weights * shaped.unsqueeze(1)                                       # (N, T)
+    if args.conflict_norm:
+        per_token = per_token / n_conf.clamp(min=1).unsqueeze(1).to(per_token.dtype)
+    valid = mask.bool()
+    metrics = {"gtpo/conflict_frac": (conflict & valid).sum().item() / max(valid.sum().item(), 1),
+               "gtpo/filtered_frac": ((shaped == 0) & (a != 0)).float().mean().item() if gate != "off" else 0.0,
+               "gtpo/mean_weight": gtpo.masked_mean(weights, valid).item()}
+    return per_token, metrics
+
+
+class GTPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages are GTPO's per-token ones (token_advantages); nothing else changes."""
+
+    _h_ini = None
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        G = self.num_generations if mode == "train" else self.num_generations_eval
+        ids, mask = out["completion_ids"], out["completion_mask"]                   # (n, T) this process
+        h = self._mean_entropy(out, mode)                                           # (n,) <H>_i, no grad
+        acc = self.accelerator                                                      # whole groups, all processes
+        pad = self.processing_class.pad_token_id
+        all_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=pad))
+        all_mask = acc.gather(acc.pad_across_processes(mask, dim=1, pad_index=0))
+        all_adv, all_h = acc.gather(out["advantages"]), acc.gather(h)
+        gate = self._gate(all_h, mode)
+        per_token, metrics = token_advantages(all_ids, all_mask, all_adv, all_h, G, self.args, gate)
+        rows = slice(acc.process_index * len(ids), (acc.process_index + 1) * len(ids))
+        out["advantages"] = per_token[rows, :ids.shape[1]].to(out["advantages"].dtype)   # (n, T)
+        for k, v in metrics.items():
+            self._metrics[mode][k].append(v)
+        return out
+
+    def _gate(self, all_h, mode):
+        """Eq. 6: "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first training batch."""
+        if self.args.entropy_filter != "auto":
+            return self.args.entropy_filter
+        if self._h_ini is None and mode == "train":
+            self._h_ini = all_h.mean().item()
+        if self._h_ini is not None:
+            self._metrics[mode]["gtpo/h_ini"].append(self._h_ini)
+        return "all" if self._h_ini is not None and self._h_ini < math.log(2) else "off"
+
+    @torch.no_grad()
+    def _mean_entropy(self, out, mode):
+        """<H>_i (Sec. 4.2) of each completion under the current policy: mean token entropy."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        _, ent, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, out["completion_ids"].shape[1],
+                                                            bs, compute_entropy=True)
+        return gtpo.masked_mean(ent.float(), out["completion_mask"], dim=1)         # (n,)
+
+
+def main():
+    """A few GTPO steps through TRL on the embedded model, the arithmetic task, offline on CPU."""
+    import argparse
+    from datasets import Dataset
+    from data import arithmetic_task, format_prompt, one_shot_example
+    from models import load_model
+    from rewards import score
+    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
+    p.add_argument("--max_steps", type=int, default=20)
+    p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
+    a = p.parse_args()
+    torch.manual_seed(3407)
+    model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
+    recs = arithmetic_task("train")
+    example = one_shot_example(recs[0])
+    ds = Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
+                            for r in recs[1:]])
+
+    def reward(completions, answer, **kw):
+        return score(completions, answer, "arithmetic")[0].tolist()
+
+    args = GTPOConfig(output_dir=a.output_dir, max_steps=a.max_steps, learning_rate=2e-4, num_generations=8,
+                      per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
+                      logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
+                      adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
+                      warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
+    GTPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=args, train_dataset=ds).train()
+
+
+if __name__ == "__main__":
+    main()
