@@ -399,61 +399,69 @@ def plot_main(args):
     return 0
 
 
+def rescored(args):
+    """--rescore: the samples of an earlier eval run, scored again -> (rows, meta, ks, seed, out)."""
+    if not os.path.isfile(args.rescore):
+        raise DataError(f"--rescore {args.rescore!r} does not exist; give an eval run's samples.jsonl")
+    rows = rescore_rows(read_rows(args.rescore))
+    if not rows:
+        raise DataError(f"--rescore {args.rescore!r} holds no samples")
+    old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
+    meta = {"dataset": rows[0]["task"], **(runs.read_json(old_path) if os.path.isfile(old_path) else {})}
+    ks = args.k or meta.get("ks")
+    seed = meta.get("seed", args.seed)
+    args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
+    out = args.output_dir or os.path.dirname(os.path.abspath(args.rescore))
+    return rows, meta, ks, seed, out
+
+
+def sampled(args):
+    """Sample --n_samples completions per problem (resumable) and score them -> (rows, meta, ks, seed, out)."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.max_completion_length is None:
+        args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
+    if args.one_shot_from is None:
+        args.one_shot_from = "arithmetic" if args.model == "smollm2-135m" else "none"
+    if args.n_samples < 1 or args.batch_size < 1:
+        raise DataError("--n_samples and --batch_size must be >= 1")
+    records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
+    if not records:
+        raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
+    task = task_name(args.dataset)
+    example = None
+    if args.one_shot_from != "none":
+        example = one_shot_example(load_task(args.one_shot_from, "train", args.data_dir)[0])
+    ks = args.k or default_ks(args.n_samples)
+    check_ks(ks, args.n_samples)                        # before any sampling time is spent
+    seed = args.seed
+    if args.output_dir is None:
+        tag = f"-{os.path.basename(os.path.dirname(os.path.abspath(args.adapter)))}" if args.adapter else ""
+        args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task}{tag}")
+    out = args.output_dir
+    samples_path = os.path.join(out, "samples.jsonl")
+    done = []
+    if os.path.exists(samples_path) and args.resume:
+        done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
+    elif os.path.exists(samples_path) and not args.overwrite:
+        raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
+                        f"replace it, another --output_dir, or --rescore {samples_path}")
+    os.makedirs(out, exist_ok=True)
+    model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
+                                 pick_dtype(args.dtype, device))
+    with open(samples_path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in done)
+        rows = sample(model, tok, records, task, args, example, f, done)
+    meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split,
+            "temperature": args.temperature, "max_completion_length": args.max_completion_length,
+            "one_shot_from": args.one_shot_from}
+    return rows, meta, ks, seed, out
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.plot or args.curves or args.render:
         return plot_main(args)
-
-    if args.rescore:
-        if not os.path.isfile(args.rescore):
-            raise DataError(f"--rescore {args.rescore!r} does not exist; give an eval run's samples.jsonl")
-        rows = rescore_rows(read_rows(args.rescore))
-        if not rows:
-            raise DataError(f"--rescore {args.rescore!r} holds no samples")
-        old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
-        meta = {"dataset": rows[0]["task"], **(runs.read_json(old_path) if os.path.isfile(old_path) else {})}
-        ks = args.k or meta.get("ks")
-        seed = meta.get("seed", args.seed)
-        args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
-        out = args.output_dir or os.path.dirname(os.path.abspath(args.rescore))
-    else:
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if args.max_completion_length is None:
-            args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
-        if args.one_shot_from is None:
-            args.one_shot_from = "arithmetic" if args.model == "smollm2-135m" else "none"
-        if args.n_samples < 1 or args.batch_size < 1:
-            raise DataError("--n_samples and --batch_size must be >= 1")
-        records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
-        if not records:
-            raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
-        task = task_name(args.dataset)
-        example = None
-        if args.one_shot_from != "none":
-            example = one_shot_example(load_task(args.one_shot_from, "train", args.data_dir)[0])
-        ks = args.k or default_ks(args.n_samples)
-        check_ks(ks, args.n_samples)                        # before any sampling time is spent
-        seed = args.seed
-        if args.output_dir is None:
-            tag = f"-{os.path.basename(os.path.dirname(os.path.abspath(args.adapter)))}" if args.adapter else ""
-            args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task}{tag}")
-        out = args.output_dir
-        samples_path = os.path.join(out, "samples.jsonl")
-        done = []
-        if os.path.exists(samples_path) and args.resume:
-            done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
-        elif os.path.exists(samples_path) and not args.overwrite:
-            raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
-                            f"replace it, another --output_dir, or --rescore {samples_path}")
-        os.makedirs(out, exist_ok=True)
-        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
-                                     pick_dtype(args.dtype, device))
-        with open(samples_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in done)
-            rows = sample(model, tok, records, task, args, example, f, done)
-        meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split,
-                "temperature": args.temperature, "max_completion_length": args.max_completion_length,
-                "one_shot_from": args.one_shot_from}
+    rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
     n = len({r["sample"] for r in rows})
     ks = ks or default_ks(n)
     res = {**{k: v for k, v in meta.items() if k not in ("pass@k", "maj@k", "date", "rescored_from")},
