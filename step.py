@@ -100,7 +100,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
-    gradient pass, a DDP-wrapped rollout.PolicyPass under torchrun. prompts: B chat-formatted
+    gradient pass, a DDP-wrapped logprobs.PolicyPass under torchrun. prompts: B chat-formatted
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
     conflict tokens into (GTPO).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
