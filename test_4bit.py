@@ -168,7 +168,7 @@ def test_4bit_resume_is_bit_exact(tmp_path, tiny_dirs):
 
 @pytest.mark.needs_data
 def test_the_papers_flag_set_runs_two_steps_in_4bit(tmp_path, tiny_dirs, monkeypatch):
-    """README's paper command (GSM8K, adam, lr 1e-6, 3 epochs, B = 2, G = 12, GTPO) on the tiny model,
+    """README's paper command (GSM8K, 8-bit AdamW, lr 1e-6, 3 epochs, B = 2, G = 12, GTPO) on the tiny model,
     4-bit + bf16, 2 steps with short completions."""
     monkeypatch.setenv("GTPO_DATA_DIR", DATA_DIR)
     argv = ["--model", tiny_dirs["tied"], "--dataset", "gsm8k", "--optimizer", "adamw_8bit", "--lr", "1e-6", "--epochs", "3",
@@ -183,4 +183,4 @@ def test_the_papers_flag_set_runs_two_steps_in_4bit(tmp_path, tiny_dirs, monkeyp
     rows = [json.loads(x) for x in (tmp_path / "paper" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["phase"] == "rl" for r in rows)
     cfg = json.loads((tmp_path / "paper" / "config.json").read_text())
-    assert cfg["load_in_4bit"] is True and cfg["dtype"] == "bfloat16" and cfg["use_gtpo"] is True
+    assert cfg["load_in_4bit"] is True and cfg["dtype"] == "bfloat16" and cfg["method"] == "gtpo"
