@@ -371,7 +371,7 @@ def report_reward(args, res):
     print(f"   batch of 24 hostile MATH completions, 6,000 chars each: {time.perf_counter() - t:.1f} s, {counts}")
     import threading
     import rewards
-    rewards._latex_verdict.cache_clear()                                     # a fresh verdict, not the batch's
+    rewards._WORKER.cache.clear()                                           # a fresh verdict, not the batch's
     box, t = [], time.perf_counter()
     th = threading.Thread(target=lambda: box.append(score([cases[4][0] + " "], ["5"], "math")[0].item()),
                           daemon=True)

@@ -144,12 +144,12 @@ def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
         raise ValueError(f"combine must be 'or' (Eq. 5) or 'product' (released code), got {combine!r}")
     fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
     valid, pos = mask.bool(), (advantages > 0).unsqueeze(1)         # (G, L), (G, 1)
+    conflict = fwd | bwd                                            # (G, L)
     on_conflict = torch.where(pos, pos_weight, 0.0)                 # (G, 1): lambda on a conflict token
     if combine == "or":                                             # Eq. 5
-        weights = torch.where(~valid, 0.0, torch.where(fwd | bwd, on_conflict, 1.0))
+        weights = torch.where(~valid, 0.0, torch.where(conflict, on_conflict, 1.0))
     else:                                                           # Listing 2: mask_fwd * mask_bw
         weights = torch.where(~valid, 0.0, torch.where(fwd, on_conflict, 1.0) * torch.where(bwd, on_conflict, 1.0))
-    conflict = fwd | bwd                                            # (G, L)
     return weights.float(), conflict, conflict.sum(dim=1)
 
 

@@ -17,7 +17,6 @@ wrong without being parsed; math-verify runs in a child process (LatexWorker) th
 one answer exceeds LATEX_TIMEOUT, and a batch stops calling it after LATEX_BATCH_SECONDS. Every
 answer refused so is scored wrong and counted (score's `counts`: "guarded").
 """
-import functools
 import logging
 import multiprocessing
 import re
@@ -138,8 +137,9 @@ class LatexWorker:
     A child, not a thread: big-integer arithmetic in sympy holds the GIL and ignores signals, so
     only a process can be stopped, on any thread of the caller."""
 
-    def __init__(self):
+    def __init__(self, cache_size=65536):
         self.proc, self.conn, self.lock = None, None, threading.Lock()
+        self.cache, self.cache_size = {}, cache_size                 # (pred, ref) -> verdict; timeouts not kept
 
     def _start(self):
         ctx = multiprocessing.get_context("forkserver")   # no fork of a process that holds torch threads;
@@ -159,36 +159,34 @@ class LatexWorker:
 
     def compare(self, pred, ref, timeout):
         with self.lock:
+            if (pred, ref) in self.cache:
+                return self.cache[pred, ref]
             if self.proc is None or not self.proc.is_alive():
                 self._start()
             self.conn.send((pred, ref))
-            if self.conn.poll(timeout):
-                return self.conn.recv()
-            self._stop()
-            return None
+            if not self.conn.poll(timeout):
+                self._stop()
+                return None
+            if len(self.cache) >= self.cache_size:
+                self.cache.clear()
+            self.cache[pred, ref] = self.conn.recv()
+            return self.cache[pred, ref]
 
 
 _WORKER = LatexWorker()
 
 
-@functools.lru_cache(maxsize=65536)
-def _latex_verdict(pred, ref, timeout):
-    return _WORKER.compare(pred, ref, timeout)
-
-
 def latex_equal(pred, ref, timeout=LATEX_TIMEOUT):
     """LaTeX-aware equivalence (fractions, \\dfrac, 0.5 vs \\frac12, intervals, \\text{} units,
     ordered tuples) with math-verify, bounded by `timeout` seconds. Returns True / False, or None
-    when the answer was not compared (too long, or out of time): the caller counts it as wrong."""
+    when math-verify ran out of time: the caller counts it as wrong."""
     if pred is None or not pred.strip():
         return False
-    if len(pred) > MAX_ANSWER_CHARS:
-        return None
     if numbers_equal(pred, ref):                         # fast path, also covers "1,000" vs "1000"
         return True
     if timeout <= 0:
         return None
-    return _latex_verdict(pred, ref, timeout)
+    return _WORKER.compare(pred, ref, timeout)
 
 
 def answers_equal(pred, ref, task, timeout=LATEX_TIMEOUT):
@@ -204,10 +202,6 @@ def answers_equal(pred, ref, task, timeout=LATEX_TIMEOUT):
         return latex_equal(pred, ref, timeout)
     # a local dataset: numbers when the reference is a number, LaTeX otherwise
     return numbers_equal(pred, ref) if parse_number(ref) is not None else latex_equal(pred, ref, timeout)
-
-
-def correctness_reward(completion, answer, task):
-    return CORRECT if answers_equal(extract_answer(completion), answer, task) else 0.0
 
 
 def score(completions, answers, task, counts=None):
