@@ -33,7 +33,7 @@ def heap_mmap_threshold(mb):
     the threshold (up to 32 MB) each time a large block is freed; a training step's many 1-30 MB
     activation tensors then pile up in a fragmented heap. A low threshold lowers peak RSS, but
     every large tensor is then a fresh mmap with page faults, so steps take longer (the figures are
-    in the README's Performance section).
+    in docs/performance.md).
     Returns whether it was set (glibc only; mb <= 0 keeps glibc's default)."""
     if mb <= 0:
         return False
