@@ -25,6 +25,9 @@
               Methods alternate within each round; medians over --steps rounds after one warm-up.
 5. reward     (only with --parts reward) rewards.score on hostile completions, each in a fresh
               process; a batch of 24 hostile MATH completions; a case scored from a worker thread.
+6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
+              same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), a fresh
+              process per run, alternating; median step time, GTPO's overhead and where it goes.
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
 counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
@@ -199,7 +202,36 @@ def probe_loss(cfg, device):
     return out
 
 
-PROBES = {"conflict": probe_conflict, "loss": probe_loss}
+def probe_trl(cfg, device):
+    """One gtpo_trl.example_trainer run in this process: the wall time between consecutive
+    optimizer steps, and for GTPO the seconds in what it adds (the <H>_i pass, the per-token
+    advantages). Every completion is forced to full length, so both methods do the same work."""
+    import gtpo_trl
+    from transformers import TrainerCallback
+    added = {"entropy_pass": [], "advantages": []}
+
+    def timed(fn, key):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            added[key].append(time.perf_counter() - t0)
+            return out
+        return wrapper
+    gtpo_trl.GTPOTrainer._mean_entropy = timed(gtpo_trl.GTPOTrainer._mean_entropy, "entropy_pass")
+    gtpo_trl.token_advantages = timed(gtpo_trl.token_advantages, "advantages")
+    ends = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            ends.append(time.perf_counter())
+    t = gtpo_trl.example_trainer(cfg["method"], cfg["steps"], cfg["out"], disable_tqdm=True,
+                                 generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"])
+    t.add_callback(StepEnds())
+    t.train()
+    return {"step_s": [b - a for a, b in zip(ends, ends[1:])], **{k: v[1:] for k, v in added.items()}}
+
+
+PROBES = {"conflict": probe_conflict, "loss": probe_loss, "trl": probe_trl}
 
 
 # -----------------------------------------------------------------------------
@@ -491,9 +523,40 @@ def report_paper_step(args, res):
         print(f"   {names[0]} / {a} {res['paper_step'][f'{names[0]}_over_{a}']:.3f}")
 
 
+# -----------------------------------------------------------------------------
+# 6. TRL: GTPOTrainer against GRPOTrainer
+
+def report_trl(args, res):
+    """Part 6: steps of gtpo_trl.example_trainer, GTPO against TRL's GRPO with the same settings, each
+    run in a fresh process, the methods alternating (order swapped every round); medians over all
+    steps after each run's first."""
+    import tempfile
+    times = {"grpo": [], "gtpo": []}
+    added = {"entropy_pass": [], "advantages": []}
+    for r in range(args.steps):
+        for method in (("grpo", "gtpo") if r % 2 == 0 else ("gtpo", "grpo")):
+            with tempfile.TemporaryDirectory() as out:
+                got = in_child("trl", {"method": method, "steps": args.trl_steps, "tokens": args.new_tokens,
+                                       "out": out}, "cpu")
+            times[method] += got["step_s"]
+            if method == "gtpo":
+                for k in added:
+                    added[k] += got[k]
+            print(f"  round {r} {method}: steps {' '.join(f'{x:.2f}' for x in got['step_s'])} s", file=sys.stderr)
+    med = {m: statistics.median(v) for m, v in times.items()}
+    part = {"median_step_s": med, "steps_timed": {m: len(v) for m, v in times.items()},
+            "overhead": med["gtpo"] / med["grpo"] - 1,
+            **{f"gtpo_{k}_s": statistics.median(v) for k, v in added.items() if v}}
+    res["trl"] = part
+    print(f"\n6. TRL, embedded model, 8 completions x {args.new_tokens} tokens per step ({args.steps} runs of "
+          f"{args.trl_steps} steps per method, medians of {part['steps_timed']['gtpo']} steps, seconds)")
+    print(f"   GRPOTrainer {med['grpo']:.2f}   GTPOTrainer {med['gtpo']:.2f}   overhead {part['overhead']:+.1%}")
+    print("   in GTPO's step: " + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward (paper: ~13 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl (paper: ~13 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
@@ -502,6 +565,7 @@ def main():
     p.add_argument("--model", default="smollm2-135m", help="step and paper parts: alias or model folder")
     p.add_argument("--flags", default="", help="step and paper parts: more train.py flags, e.g. '--lora_rank 128'")
     p.add_argument("--G", type=int, default=8)
+    p.add_argument("--trl_steps", type=int, default=5, help="trl part: optimizer steps per run (the first is not timed)")
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
@@ -518,7 +582,7 @@ def main():
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
     reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step,
-               "reward": report_reward}
+               "reward": report_reward, "trl": report_trl}
     unknown = set(args.parts.split(",")) - set(reports)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")

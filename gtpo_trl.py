@@ -9,12 +9,14 @@ What changes against GRPOTrainer, all computed with gtpo.py's functions:
   * after TRL scores a generation batch, every process's completions are gathered so that each
     group is whole (a group may straddle processes), and each completion gets per-token
     advantages  A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i)  (Eq. 5-7; divided by its
-    conflict count with conflict_norm), <H>_i from a no-grad pass of the current policy;
+    conflict count with conflict_norm), <H>_i from a no-grad pass of the current policy (each
+    prompt computed once for its completions);
   * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
     tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22.
 Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/mean_weight (and gtpo/h_ini with "auto").
 
-    python gtpo_trl.py            # a few GTPO steps of the embedded model on the arithmetic task, CPU
+    python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
+    python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
 """
 import math
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 import gtpo
+from logprobs import sequence_logprobs
 
 try:
     from trl import GRPOConfig, GRPOTrainer
@@ -125,26 +128,28 @@ class GTPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _mean_entropy(self, out, mode):
-        """<H>_i (Sec. 4.2) of each completion under the current policy: mean token entropy."""
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        _, ent, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, out["completion_ids"].shape[1],
-                                                            bs, compute_entropy=True)
-        return gtpo.masked_mean(ent.float(), out["completion_mask"], dim=1)         # (n,)
+        """<H>_i (Sec. 4.2) of each completion under the current policy: mean token entropy, from one
+        pass in which each prompt runs once for its consecutive completions (logprobs.PolicyPass)."""
+        p_ids, p_mask = out["prompt_ids"], out["prompt_mask"]                      # (n, P) left-padded
+        new_prompt = torch.ones(len(p_ids), dtype=torch.bool, device=p_ids.device)
+        new_prompt[1:] = ((p_ids[1:] != p_ids[:-1]) | (p_mask[1:] != p_mask[:-1])).any(dim=1)
+        prompt_index = new_prompt.long().cumsum(0) - 1                              # (n,) 0, ..., B-1
+        was_training = self.model.training
+        self.model.eval()                       # the sampling policy (no dropout); keeps the KV cache the
+        try:                                    # shared prompt needs when gradient checkpointing is on
+            _, ent = sequence_logprobs(self.model, p_ids[new_prompt], p_mask[new_prompt], out["completion_ids"],
+                                       out["completion_mask"], prompt_index=prompt_index)   # (n, T)
+        finally:
+            self.model.train(was_training)
+        return gtpo.masked_mean(ent, out["completion_mask"], dim=1)                  # (n,)
 
-
-def main():
-    """A few GTPO steps through TRL on the embedded model, the arithmetic task, offline on CPU."""
-    import argparse
+def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):
+    """GTPOTrainer (or, with method="grpo", TRL's GRPOTrainer with the same settings) on the embedded
+    model and the arithmetic task, offline on CPU, with the demo's recipe; kw overrides GRPOConfig fields."""
     from datasets import Dataset
     from data import arithmetic_task, format_prompt, one_shot_example
     from models import load_model
     from rewards import score
-    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
-    p.add_argument("--max_steps", type=int, default=20)
-    p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
-    a = p.parse_args()
     torch.manual_seed(3407)
     model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
     recs = arithmetic_task("train")
@@ -152,15 +157,26 @@ def main():
     ds = Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
                             for r in recs[1:]])
 
-    def reward(completions, answer, **kw):
+    def reward(completions, answer, **_):
         return score(completions, answer, "arithmetic")[0].tolist()
 
-    args = GTPOConfig(output_dir=a.output_dir, max_steps=a.max_steps, learning_rate=2e-4, num_generations=8,
-                      per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
-                      logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
-                      adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
-                      warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
-    GTPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=args, train_dataset=ds).train()
+    settings = dict(output_dir=output_dir, max_steps=max_steps, learning_rate=2e-4, num_generations=8,
+                    per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
+                    logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
+                    adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
+                    warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
+    config, trainer = {"gtpo": (GTPOConfig, GTPOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[method]
+    return trainer(model=model, processing_class=tok, reward_funcs=[reward], args=config(**{**settings, **kw}), train_dataset=ds)
+
+
+def main():
+    import argparse
+    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
+    p.add_argument("--max_steps", type=int, default=20)
+    p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo", help="grpo: TRL's GRPOTrainer, same settings")
+    p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
+    a = p.parse_args()
+    example_trainer(a.method, a.max_steps, a.output_dir).train()
 
 
 if __name__ == "__main__":

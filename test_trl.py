@@ -1,5 +1,6 @@
 """Tests for gtpo_trl.py (skipped without TRL): GTPOTrainer's loss and gradients equal step.policy_loss /
-gtpo.gtpo_loss on the same completions; flat groups; config refusals."""
+gtpo.gtpo_loss on the same completions; <H>_i equals TRL's own pass; groups split by micro-batches or by
+processes keep their advantages; flat groups; config refusals."""
 import dataclasses
 
 import pytest
@@ -82,6 +83,30 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     assert metrics["gtpo/conflict_frac"] > 0
 
 
+def test_entropy_pass_computes_each_prompt_once_and_equals_trls_pass(tmp_path, tiny_model_dir, tiny_lm):
+    """<H>_i from the pass that runs each prompt once for its completions equals TRL's own joint pass
+    (two prompts, the second left-padded; ragged completions; a peaked head so entropies differ)."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(30)
+    t = _trainer(tmp_path, model, tok)
+    g = torch.Generator().manual_seed(2)
+    p = torch.randint(5, 1000, (8, 6), generator=g)
+    p[:4], p[4:] = p[0], p[4]
+    pm = torch.ones_like(p)
+    p[4:, :2], pm[4:, :2] = tok.pad_token_id, 0
+    c = torch.randint(5, 1000, (8, 7), generator=g)
+    cm = (torch.arange(7)[None] < torch.tensor([7, 3, 5, 7, 2, 7, 6, 1])[:, None]).long()
+    out = {"prompt_ids": p, "prompt_mask": pm, "completion_ids": c.masked_fill(cm == 0, tok.pad_token_id),
+           "completion_mask": cm}
+    h = t._mean_entropy(out, "train")
+    with torch.no_grad():
+        _, ent, _ = t._get_per_token_logps_and_entropies(model, torch.cat([p, out["completion_ids"]], 1),
+                                                         torch.cat([pm, cm], 1), 7, 8, compute_entropy=True)
+    torch.testing.assert_close(h, gtpo.masked_mean(ent.float(), cm, dim=1), atol=1e-4, rtol=1e-4)
+    assert h.std() > 0.1
+
+
 def test_flat_group_residues_give_no_conflicts_and_zero_advantage(tmp_path):
     """TRL's ~1e-12 residues in a flat group become A = 0 exactly: no conflict masks, and only
     Eq. 7's -gamma <H>_i on every real token (as in our own loop)."""
@@ -94,15 +119,60 @@ def test_flat_group_residues_give_no_conflicts_and_zero_advantage(tmp_path):
     torch.testing.assert_close(per_token[:4], w[:4] * (adv[:4] - 0.1 * 0.3).unsqueeze(1))
 
 
-def test_rows_shuffled_by_trl_keep_their_per_token_advantages(tmp_path):
-    """Advantages are fixed per row before TRL shuffles and splits the batch: any permutation and
-    micro-batching of the rows carries each row's own (T,) advantages."""
-    ids, mask, adv = _planted(50)
-    per_token, _ = token_advantages(ids, mask, adv, torch.full((8,), 0.3), 4, _args(tmp_path), "off")
-    perm = torch.randperm(8, generator=torch.Generator().manual_seed(3))
-    for part in perm.split(3):                                         # micro-batches of a shuffled batch
-        again, _ = token_advantages(ids, mask, adv, torch.full((8,), 0.3), 4, _args(tmp_path), "off")
-        assert torch.equal(again[part], per_token[part])
+def _one_generation(model_dir, out, steps=1, **kw):
+    """GTPOTrainer on the tiny model for `steps` optimizer steps of one generation batch (2 prompts x
+    G = 8, top-k 2 so that completions share spans, a reward that varies within groups) -> ({row key:
+    [per-token advantages of the first generation batch]}, {row key: [as _compute_loss received
+    them]}); a key (prompt, completion) can repeat."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = load_tokenizer(model_dir)
+    generated, seen = {}, {}
+
+    def key(inputs, i):
+        n = int(inputs["completion_mask"][i].sum())
+        return tuple(inputs["prompt_ids"][i].tolist()), tuple(inputs["completion_ids"][i, :n].tolist())
+
+    class Recording(GTPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out_ = super()._generate_and_score_completions(inputs)
+            if not generated:
+                for i in range(len(out_["completion_ids"])):
+                    k = key(out_, i)
+                    generated.setdefault(k, []).append(out_["advantages"][i, :len(k[1])].tolist())
+            return out_
+
+        def _compute_loss(self, model, inputs):
+            for i in range(len(inputs["completion_ids"])):
+                k = key(inputs, i)
+                seen.setdefault(k, []).append(inputs["advantages"][i, :len(k[1])].tolist())
+            return super()._compute_loss(model, inputs)
+
+    ds = Dataset.from_list([{"prompt": "one two three"}, {"prompt": "four five six seven"}] * 4)
+    args = GTPOConfig(output_dir=str(out), num_generations=8, max_completion_length=6, max_steps=steps, bf16=False,
+                      use_cpu=True, report_to="none", save_strategy="no", top_k=2, seed=0, entropy_filter="off",
+                      logging_steps=1, disable_tqdm=True, **kw)
+    reward = lambda completions, **_: [float(ord(c[-1]) % 2) if c else 0.0 for c in completions]   # noqa: E731
+    Recording(model=model, processing_class=tok, reward_funcs=[reward], args=args, train_dataset=ds).train()
+    return generated, seen
+
+
+def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tiny_model_dir):
+    """TRL shuffles a generation batch and splits it into micro-batches (gradient accumulation,
+    steps_per_generation): every row reaches the loss with the per-token advantages computed over
+    its whole group, the same as with one micro-batch."""
+    one, seen1 = _one_generation(tiny_model_dir, tmp_path / "a", per_device_train_batch_size=16)
+    assert sum(map(len, one.values())) == 16
+    one = {k: sorted(v) for k, v in one.items()}
+    assert {k: sorted(v) for k, v in seen1.items()} == one
+    assert any(len(set(a)) > 1 for rows in one.values() for a in rows)   # conflict-weighted tokens in some row
+    for name, kw, steps in [("ga", dict(per_device_train_batch_size=8, gradient_accumulation_steps=2), 1),
+                            ("spg", dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                         steps_per_generation=4), 2)]:
+        gen, seen = _one_generation(tiny_model_dir, tmp_path / name, steps, **kw)
+        assert gen.keys() == one.keys(), name                          # the same completions were sampled
+        assert {k: sorted(v) for k, v in seen.items()} == one, name
 
 
 @pytest.mark.parametrize("kw,msg", [({"loss_type": "dapo"}, "loss_type"), ({"beta": 0.04}, "beta"),
@@ -118,3 +188,76 @@ def test_defaults_are_the_papers(tmp_path):
     a = _args(tmp_path, entropy_filter="auto")
     assert (a.loss_type, a.scale_rewards, a.num_iterations, a.beta, a.conflict_weight) == ("grpo", "group", 1, 0.0, 2.0)
     assert dataclasses.fields(a) and a.ent_gamma == 0.1
+
+
+def _two_process_worker(model_dir, out):
+    """Run by test_two_processes_see_whole_groups under torchrun: one GTPO step, G = 8 and 4
+    completions per process, so the group straddles the two processes; each saves what it gathered,
+    the rows it kept and the advantages they got."""
+    import gtpo_trl
+    recorded = {}
+    compute = gtpo_trl.token_advantages
+
+    def recording(ids, mask, adv, h, G, args, gate):
+        recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G, gate=gate)
+        return compute(ids, mask, adv, h, G, args, gate)
+    gtpo_trl.token_advantages = recording
+
+    class Saving(GTPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            got = super()._generate_and_score_completions(inputs)
+            if "rows" not in recorded:
+                recorded.update(rows=got["completion_ids"].clone(), rows_mask=got["completion_mask"].clone(),
+                                rows_adv=got["advantages"].clone())
+            return got
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = load_tokenizer(model_dir)
+    args = GTPOConfig(output_dir=out, num_generations=8, per_device_train_batch_size=4, max_completion_length=6,
+                      max_steps=1, bf16=False, use_cpu=True, report_to="none", save_strategy="no", top_k=2, seed=0,
+                      disable_tqdm=True)
+    reward = lambda completions, **_: [float(ord(c[-1]) % 2) if c else 0.0 for c in completions]   # noqa: E731
+    t = Saving(model=model, processing_class=tok, reward_funcs=[reward], args=args,
+               train_dataset=Dataset.from_list([{"prompt": "one two three"}] * 8))
+    t.train()
+    torch.save({**recorded, "rank": t.accelerator.process_index, "world": t.accelerator.num_processes},
+               f"{out}/rank{t.accelerator.process_index}.pt")
+
+
+@pytest.mark.slow
+def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
+    """2 CPU processes (torchrun, gloo), a group of 8 split 4 + 4 between them: both gather the same
+    whole group, and each keeps its own rows with the advantages one process computes on the group."""
+    import socket
+    import subprocess
+    import sys
+    from conftest import ENV, HERE
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(port), __file__, tiny_model_dir, str(tmp_path)], cwd=HERE, capture_output=True,
+                       text=True, env={**ENV, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
+    assert [x["world"] for x in ranks] == [2, 2] and [x["rank"] for x in ranks] == [0, 1]
+    a, b = ranks
+    assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes
+    for k in ("ids", "mask", "adv", "h"):
+        assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
+    one, _ = token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8,
+                              _args(tmp_path, num_generations=8, per_device_train_batch_size=8),
+                              a["gate"])                                # one process, all 8 rows
+    assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
+    for x in ranks:
+        T = x["rows"].shape[1]
+        mine = slice(4 * x["rank"], 4 * x["rank"] + 4)
+        assert torch.equal(x["rows"][x["rows_mask"].bool()], a["ids"][mine, :T][x["rows_mask"].bool()])
+        torch.testing.assert_close(x["rows_adv"], one[mine, :T], rtol=0, atol=0)
+
+
+if __name__ == "__main__":
+    import sys
+    _two_process_worker(sys.argv[1], sys.argv[2])
