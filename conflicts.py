@@ -36,12 +36,14 @@ def format_token_ids(tok):
 
 
 class ConflictLog:
-    """Accumulated conflict-token counts of one run (GTPO steps only)."""
+    """Accumulated conflict-token counts of one run's RL steps (GTPO or GRPO: the spans exist in both,
+    GTPO protects them, GRPO does not)."""
 
     def __init__(self, vocab_size, format_ids):
         self.counts = torch.zeros(len(CATEGORIES), vocab_size, dtype=torch.long)    # (5, V)
         self.format_ids = format_ids
         self.tokens = 0                                                             # completion tokens seen
+        self.format_tokens = 0                                                      # of which format tokens
         self.steps = 0
 
     def add(self, ids, mask, advantages, group_size):
@@ -55,13 +57,16 @@ class ConflictLog:
             for row, sel in zip(self.counts, (fwd | bwd, fwd & pos, fwd & ~pos, bwd & pos, bwd & ~pos)):
                 row += torch.bincount(g_ids[sel], minlength=V)
         self.tokens += int(mask.sum())
+        self.format_tokens += int(torch.isin(ids[mask.bool()], self.format_ids).sum())
         self.steps += 1
 
     def state_dict(self):
-        return {"counts": self.counts.clone(), "tokens": self.tokens, "steps": self.steps}
+        return {"counts": self.counts.clone(), "tokens": self.tokens, "format_tokens": self.format_tokens,
+                "steps": self.steps}
 
     def load_state_dict(self, state):
         self.counts, self.tokens, self.steps = state["counts"].clone(), state["tokens"], state["steps"]
+        self.format_tokens = state["format_tokens"]
 
     def summary(self, tok, top=25):
         """The JSON view: totals, the format share of conflict positions, top tokens per category."""
@@ -70,9 +75,10 @@ class ConflictLog:
         def top_tokens(row):
             n, idx = row.topk(min(top, int((row > 0).sum())))
             return [[tok.decode([i]), i, c] for i, c in zip(idx.tolist(), n.tolist())]
-        return {"gtpo_steps": self.steps, "completion_tokens": self.tokens, "conflict_positions": positions,
+        return {"rl_steps": self.steps, "completion_tokens": self.tokens, "conflict_positions": positions,
                 "conflict_share": positions / max(self.tokens, 1), "format_positions": fmt,
                 "format_share": fmt / max(positions, 1),
+                "format_share_of_tokens": self.format_tokens / max(self.tokens, 1),
                 "format_tokens": [tok.decode([i]) for i in self.format_ids.tolist()],
                 "top": {c: top_tokens(row) for c, row in zip(CATEGORIES, self.counts)},
                 "categories": "any = forward or backward span; fwd/bwd = span; pos/neg = sign of A_i "

@@ -110,7 +110,8 @@ def check_ks(ks, n):
 
 
 def compute_results(rows, ks, seed, maj_subsets=2000):
-    """Per-sample rows (as written to samples.jsonl) -> pass@k, maj@k, formatting, length."""
+    """Per-sample rows (as written to samples.jsonl) -> pass@k, maj@k, formatting, length, and each
+    problem's number of correct samples."""
     problems = {}
     for r in rows:
         problems.setdefault(r["problem"], []).append(r)
@@ -121,9 +122,11 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
     check_ks(ks, n)
     passk = {k: 0.0 for k in ks}
     majk = {k: 0.0 for k in ks}
+    correct = []
     for p, samples in sorted(problems.items()):
         samples = sorted(samples, key=lambda r: r["sample"])
         c = sum(r["correct"] > 0 for r in samples)
+        correct.append(c)
         cls, cls_ok = vote_classes([r["answer"] for r in samples], samples[0]["reference"], samples[0]["task"])
         for k in ks:
             passk[k] += pass_at_k(n, c, k)
@@ -136,7 +139,8 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
             "format_rate": sum(r["format"] == 10.0 for r in rows) / len(rows),
             "mean_format_reward": sum(r["format"] for r in rows) / len(rows),
             "mean_length": sum(r["length"] for r in rows) / len(rows),
-            "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows)}
+            "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows),
+            "per_problem_correct": correct}                 # in problem order: paired tests across models
 
 
 def resumable_rows(path, records, n, per_call=1, log=print):

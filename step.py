@@ -102,7 +102,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     model: the policy (generates; reference with adapters off); policy: the same model for the
     gradient pass, a DDP-wrapped logprobs.PolicyPass under torchrun. prompts: B chat-formatted
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
-    conflict tokens into (GTPO).
+    conflict tokens into (GTPO or GRPO).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
     "weights" (N, L) lambda or None}.
     """
@@ -122,8 +122,9 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     if cfg.method == "gtpo":
         weights, conflict, n_conf = gtpo.batch_conflict_weights(
             ro.completion_ids, mask, adv, G, pos_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
-        if conflict_log is not None:
-            conflict_log.add(ro.completion_ids, mask, adv, G)                        # which tokens (Fig. 9)
+    if conflict_log is not None:
+        conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
+    if cfg.method == "gtpo" or conflict_log is not None:
         clock("masks")
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
     h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)

@@ -1,32 +1,33 @@
-"""The CPU-scale study: GTPO vs GRPO vs SFT and the paper's ablations (Sec. 4-5, Fig. 1, 2, 4, 5;
-App. 13, 14), on the embedded SmolLM2-135M and the built-in arithmetic task.
+"""The CPU-scale study: GTPO vs GRPO vs SFT on the embedded SmolLM2-135M and the arithmetic task.
+docs/study.md declares its questions, arms, metrics, tests, verdict rules and budget; this file
+runs that plan and computes its report.
 
-RUNS below is the whole experiment, one line per configuration. Every seed first gets one SFT
-warm-up (WARMUP: the demo's 4 steps of 8 worked solutions); every run of that seed starts from it
-(train.py --init_from) with the same budget (COMMON: steps, prompts per step, G, tokens). Each
-finished run's final adapter is evaluated with eval.py on the arithmetic test split (in
-distribution) and the `reworded` split (the same sums in sentences training never shows: out of
-distribution, the role AIME plays in the paper), with the same n, k and sampling seed for all.
-The `hard` split (larger numbers) was the first OOD set: every model scored <= 1 of 128 samples
-there, so it says nothing; the runs evaluated on it keep that result as eval-hard.json.
+RUNS below is the whole experiment, one line per configuration. Each seed has one SFT warm-up
+per start (WARMUPS: the main part's 4 steps; the long part's longer one, which brings <H>_ini below
+ln 2); every run of that seed starts from it (train.py --init_from) with the same budget (COMMON).
+Each run's adapters are evaluated with eval.py on the sets its line names: `id`, the first 64
+problems of the arithmetic test split; `ood`, the first 48 of the `reworded` split (the same sums in
+sentences training never shows); `id-best`, the ID set on the checkpoint with the highest mean
+training reward over the steps since the previous one (BEST_WINDOW). Same n, k and sampling seed
+for every model; each problem's correct count is kept (eval.py's per_problem_correct).
 
 Resumable at every level, any number of times: finished steps are skipped, an interrupted training
 continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
 whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save.
 
-    python study.py                                   # run or continue everything, then report
-    python study.py --shard 0/2 & python study.py --shard 1/2 & wait; python study.py --report
-                                                      # two workers, one thread each (1.5x throughput here)
+    python study.py --shard 0/2 & python study.py --shard 1/2 & wait   # two workers, one thread each
     python study.py --list                            # the table and how far each run is
-    python study.py --report                          # plots + summary from what has finished
+    python study.py --report                          # tables + plots from the committed files
 
-Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the summary is
-computed from is copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json and
-eval-<set>.json (eval.py's results.json). The report reads only those.
+Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the report reads is
+copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
+best.json and eval-<set>.json (eval.py's results.json). study/v1/ holds the first design's runs
+(the same files; docs/study.md says why it was replaced), whose comparisons the report re-tests.
 """
 import argparse
 import math
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -36,7 +37,6 @@ import time
 
 import runs
 from data import read_jsonl
-from eval import trailing_mean
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
@@ -47,43 +47,46 @@ KEEP = os.path.join(HERE, "study")                     # small files, committed
 
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5"]
-WARMUP = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
-          "--max_steps", "4", "--save_steps", "4",
-          "--sft_micro_batch_size", "4"]                # as the committed warm-ups ran (same sums, same weights)
-HOT = ["--lr", "1e-3"]                                  # the collapse setting: 5x the demo's learning rate
-EVALS = {"id": ["--dataset", "arithmetic", "--split", "test"],
-         "ood": ["--dataset", "arithmetic", "--split", "reworded"]}
-RETIRED = "hard"                                        # the first OOD set, kept where it was run (see above)
-EVAL_COMMON = ["--limit", "16", "--n_samples", "8", "--batch_size", "64", "--seed", "0",
-               "--max_completion_length", "96"]
+SFT_START = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
+             "--sft_micro_batch_size", "4"]
+WARMUPS = {"main": ("warmup", SFT_START + ["--max_steps", "4", "--save_steps", "4"], ("id", "ood")),
+           "long": ("warmup-long", SFT_START + ["--max_steps", "32", "--save_steps", "32"], ())}
+A6 = ["--adam_beta1", "0.999999", "--adam_beta2", "0.999999"]     # Listing 1's GTPO betas
+A9 = ["--adam_beta1", "0.9", "--adam_beta2", "0.95"]               # Listing 1's GRPO / SFT betas
+LONG = ["--max_steps", "200", "--save_steps", "25"]                # after COMMON: these win
+BEST_WINDOW = 25                                                   # = the long runs' save_steps
+EVALS = {"id": ["--dataset", "arithmetic", "--split", "test", "--limit", "64"],
+         "ood": ["--dataset", "arithmetic", "--split", "reworded", "--limit", "48"]}
+EVAL_COMMON = ["--n_samples", "8", "--batch_size", "64", "--seed", "0", "--max_completion_length", "96"]
+N_SAMPLES = 8
 
-RUNS = [  # name              part        seeds      flags after COMMON        what it stands for
-    ("gtpo",            "main",     (1, 2, 3), ["--use_gtpo"]),                        # Eq. 5-8, paper defaults
-    ("grpo",            "main",     (1, 2, 3), ["--use_grpo"]),                        # Eq. 1, beta = 0
-    ("grpo-kl",         "main",     (1, 2, 3), ["--use_grpo", "--beta", "0.04"]),      # beta = 0.04
-    ("sft",             "main",     (1, 2, 3), ["--use_sft"]),                         # Listing 1: 1 prompt/step
-    ("gtpo-masks-only", "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "off",
-                                                "--ent_gamma", "0"]),                  # Fig. 5 "No <H>_i - No delta_i"
-    ("gtpo-delta",      "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "all"]),   # Fig. 4: delta_i on
-    # Fig. 4's other arm, "gamma 0.1, No delta_i", is "gtpo" itself here: after the warm-up <H>_ini
-    # = 1.61 > ln 2 (measured by gtpo-s1), so Eq. 6 sets delta_i = 1 and the paper default runs unfiltered.
-    ("gtpo-onlyneg",    "ablation", (1, 2),    ["--use_gtpo", "--entropy_filter", "neg"]),   # App. 13
-    ("grpo-entropy",    "ablation", (1, 2),    ["--use_grpo", "--entropy_filter", "all",
-                                                "--ent_threshold", "1.05"]),           # App. 14, Fig. 10c
-    ("gtpo-hot",        "collapse", (1, 2),    ["--use_gtpo", *HOT]),                  # Sec. 4.2, Fig. 1
-    ("grpo-hot",        "collapse", (1, 2),    ["--use_grpo", *HOT]),
-    ("grpo-kl-hot",     "collapse", (1, 2),    ["--use_grpo", "--beta", "0.04", *HOT]),
+RUNS = [  # name        part    seeds      flags after COMMON              evaluations
+    ("gtpo-a6",   "main", (1, 2, 3), ["--use_gtpo", *A6],             ("id", "ood")),   # the paper's GTPO
+    ("gtpo-a9",   "main", (1, 2, 3), ["--use_gtpo", *A9],             ("id", "ood")),
+    ("grpo-a6",   "main", (1, 2, 3), ["--use_grpo", *A6],             ("id", "ood")),
+    ("grpo-a9",   "main", (1, 2, 3), ["--use_grpo", *A9],             ("id", "ood")),   # the paper's GRPO, beta 0
+    ("grpo-kl6",  "main", (1, 2, 3), ["--use_grpo", "--beta", "1e-6", *A9], ("id", "ood")),  # Fig. 2's beta 1e-6
+    ("sft",       "main", (1, 2, 3), ["--use_sft"],                   ("id", "ood")),   # Listing 1: 1 prompt/step
+    ("gtpo-long", "long", (1, 2),    ["--use_gtpo", *A9, *LONG],      ("id", "id-best")),
+    ("grpo-long", "long", (1, 2),    ["--use_grpo", *A9, *LONG],      ("id", "id-best")),
 ]
-SEEDS = tuple(sorted({s for *_, ss, _ in RUNS for s in ss}))     # each gets one warm-up
-LAST_N = 5                                              # the table's training columns: mean of the last N RL steps
+NAMES = {"gtpo-a6": "GTPO, Adam β 0.999999", "gtpo-a9": "GTPO, Adam β (0.9, 0.95)",
+         "grpo-a6": "GRPO β=0, Adam β 0.999999", "grpo-a9": "GRPO β=0, Adam β (0.9, 0.95)",
+         "grpo-kl6": "GRPO β=1e-6, Adam β (0.9, 0.95)", "sft": "SFT", "gtpo-long": "GTPO", "grpo-long": "GRPO β=0",
+         "warmup": "SFT warm-up (the start)"}
+STYLE = {"gtpo-a6": ("tab:blue", "-"), "gtpo-a9": ("tab:blue", "--"), "grpo-a6": ("tab:orange", "-"),
+         "grpo-a9": ("tab:orange", "--"), "grpo-kl6": ("tab:red", "--"), "sft": ("tab:green", "-"), "gtpo-long": ("tab:blue", "-"),
+         "grpo-long": ("tab:orange", "-")}
 
 
 def jobs():
-    """(run id, flags, seed) in execution order: warm-ups first, then seed by seed, main part first."""
-    out = [(f"warmup-s{s}", WARMUP, s) for s in SEEDS]
-    for part in ("main", "ablation", "collapse"):
-        for s in SEEDS:
-            out += [(f"{name}-s{s}", COMMON + flags, s) for name, p, ss, flags in RUNS if p == part and s in ss]
+    """(run id, flags, seed, warm-up run id or None, evaluations) in order: warm-ups, main, long."""
+    out = [(f"{w}-s{s}", flags, s, None, evals) for part, (w, flags, evals) in WARMUPS.items()
+           for s in sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})]
+    for part in WARMUPS:
+        seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
+        out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
+                for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
     return out
 
 
@@ -108,7 +111,7 @@ def call(cmd, log_path, threads):
                                  start_new_session=True)        # our Ctrl-C reaches it once, through us
         def forward(signum, frame):
             stopped.append(signum)
-            child.send_signal(signal.SIGTERM)           # train.py saves; eval.py resumes from its samples
+            child.send_signal(signal.SIGTERM)
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             rc = child.wait()
@@ -141,40 +144,58 @@ def record_time(run_id, what, seconds, finished, shard):
     runs.write_json(path, times)
 
 
-def train(run_id, flags, seed, shard, threads):
+def train(run_id, flags, seed, start, shard, threads):
     """Train one run to its final/ (resuming what is there); copy its small files to study/."""
     out = os.path.join(WORK, run_id)
     if not os.path.isdir(os.path.join(out, "final")):
         argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
-        if not run_id.startswith("warmup"):
-            argv += ["--init_from", wait_for(os.path.join(WORK, f"warmup-s{seed}", "final"))]
+        if start:
+            argv += ["--init_from", wait_for(os.path.join(WORK, start, "final"))]
         if os.path.isfile(os.path.join(out, "config.json")):
             argv.append("--resume")
         os.makedirs(out, exist_ok=True)
         attempt(run_id, "train", argv, os.path.join(out, "train.log"), os.path.join(out, "final"), shard, threads)
     keep = os.path.join(KEEP, run_id)
     os.makedirs(keep, exist_ok=True)
-    if run_id.startswith("warmup"):                     # the start of every run of this seed: keep its fingerprint
+    if start is None:                                   # a warm-up: keep its fingerprint
         found, path = adapter_fingerprint(os.path.join(out, "final")), os.path.join(keep, "adapter_fingerprint.json")
         if not os.path.isfile(path):
             runs.write_json(path, {"fingerprint": found})
         elif runs.read_json(path)["fingerprint"] != found:
             print(f"warning: {run_id} was trained again and differs from the one the finished runs started "
                   f"from (another machine?); the committed results keep the first one's files", flush=True)
-    for f in ("config.json", "metrics.jsonl"):
-        if not os.path.isfile(os.path.join(keep, f)) or not finished(run_id):
+    for f in ("config.json", "metrics.jsonl", "conflicts.json"):
+        if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
 
 
-def evaluate(run_id, out, shard, threads):
-    """eval.py on each set of EVALS (resuming what is there); results to study/<run>/eval-<set>.json."""
-    for name, flags in EVALS.items():
+def best_checkpoint(rows, steps):
+    """The saved step with the highest mean training reward over the BEST_WINDOW RL steps up to it
+    (the earliest on a tie) -> (step, mean reward)."""
+    reward = {r["step"]: r["reward"] for r in rows if r.get("phase") == "rl" and "reward" in r}
+    scored = [(statistics.fmean(w), -n) for n in steps
+              for w in [[reward[k] for k in range(n - BEST_WINDOW + 1, n + 1) if k in reward]] if w]
+    mean, neg = max(scored)
+    return -neg, mean
+
+
+def evaluate(run_id, out, evals, shard, threads):
+    """eval.py on each of the run's sets (resuming what is there); results to study/<run>/eval-<set>.json."""
+    for name in evals:
         keep = os.path.join(KEEP, run_id, f"eval-{name}.json")
         if os.path.isfile(keep):
             continue
+        adapter = os.path.join(out, "final")
+        if name.endswith("-best"):
+            rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
+            saved = [int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")]
+            step, mean = best_checkpoint(rows, saved)
+            runs.write_json(os.path.join(KEEP, run_id, "best.json"), {"step": step, "mean_reward": mean,
+                                                                      "window": BEST_WINDOW})
+            adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
-        argv = [sys.executable, "eval.py", "--adapter", os.path.join(out, "final"), *flags, *EVAL_COMMON,
+        argv = [sys.executable, "eval.py", "--adapter", adapter, *EVALS[name.split("-")[0]], *EVAL_COMMON,
                 "--output_dir", dest]
         if os.path.isfile(os.path.join(dest, "samples.jsonl")):
             argv.append("--resume")
@@ -191,10 +212,10 @@ def wait_for(path):
     return path
 
 
-def finished(run_id):
+def finished(run_id, evals):
     """Trained and evaluated, by the committed files alone (so also on a machine without runs/study)."""
     d = os.path.join(KEEP, run_id)
-    return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in EVALS)))
+    return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in evals)))
 
 
 def adapter_fingerprint(folder):
@@ -207,259 +228,468 @@ def adapter_fingerprint(folder):
 def run_all(shard):
     k, n = shard
     threads = max(1, (os.cpu_count() or 1) // n)
-    mine = [j for i, j in enumerate(jobs()) if i % n == k]
-    for run_id, flags, seed in mine:
-        if finished(run_id) and not run_id.startswith("warmup"):
+    for i, (run_id, flags, seed, start, evals) in enumerate(jobs()):
+        if i % n != k or (start and finished(run_id, evals)):
             continue            # a warm-up's final/ is rebuilt when missing: later runs start from it
-        out = train(run_id, flags, seed, shard, threads)
-        evaluate(run_id, out, shard, threads)
+        out = train(run_id, flags, seed, start, shard, threads)
+        evaluate(run_id, out, evals, shard, threads)
 
 
 def status():
-    for run_id, flags, seed in jobs():
+    for run_id, flags, seed, start, evals in jobs():
         keep, out = os.path.join(KEEP, run_id), os.path.join(WORK, run_id)
         ckpts = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")) \
             if os.path.isdir(out) else []
-        evals = [s for s in EVALS if os.path.isfile(os.path.join(keep, f"eval-{s}.json"))]
-        state = ("done (committed)" if finished(run_id) else
+        done = [s for s in evals if os.path.isfile(os.path.join(keep, f"eval-{s}.json"))]
+        state = ("done (committed)" if start and finished(run_id, evals) else
                  "trained" if os.path.isdir(os.path.join(out, "final")) else
                  f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else "to do")
-        print(f"{run_id:22s} {state:18s} evaluated: {', '.join(evals) or '-'}")
+        print(f"{run_id:20s} {state:18s} evaluated: {', '.join(done) or '-'}")
 
 
 # -----------------------------------------------------------------------------
 # the report: only from the committed files in study/
 
-def load(run_id):
-    """metrics rows (RL steps), eval results by set, times of one run; None if it has not finished."""
-    d = os.path.join(KEEP, run_id)
+V1 = os.path.join(KEEP, "v1")          # the first design's runs: 16 problems per set, no per-problem counts
+V1_RUNS = {"gtpo": (1, 2, 3), "grpo": (1, 2, 3), "grpo-kl": (1, 2, 3), "sft": (1, 2, 3), "gtpo-masks-only": (1, 2),
+           "gtpo-delta": (1, 2), "gtpo-onlyneg": (1, 2), "grpo-entropy": (1, 2), "gtpo-hot": (1, 2),
+           "grpo-hot": (1, 2), "grpo-kl-hot": (1, 2)}
+
+
+def load(run_id, base=None):
+    """A run's committed files: RL metric rows, evaluations by set, times, conflicts, best, config;
+    None if it has not finished training."""
+    d = os.path.join(base or KEEP, run_id)
     if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
         return None
     rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
-    evals = {s: runs.read_json(os.path.join(d, f"eval-{s}.json")) for s in (*EVALS, RETIRED)
-             if os.path.isfile(os.path.join(d, f"eval-{s}.json"))}
-    times = runs.read_json(os.path.join(d, "times.json")) if os.path.isfile(os.path.join(d, "times.json")) else {}
-    return {"rl": [r for r in rows if r.get("phase") == "rl"], "all": rows, "evals": evals, "times": times}
+    evals = {f[5:-5]: runs.read_json(os.path.join(d, f)) for f in sorted(os.listdir(d))
+             if f.startswith("eval-") and f.endswith(".json")}
+    files = {f[:-5]: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json",
+                                                                  "config.json") if os.path.isfile(os.path.join(d, f))}
+    return {"rl": [r for r in rows if r.get("phase") == "rl"], "evals": evals, **files}
 
 
-def mean_std(xs):
-    """(mean, sample std over seeds, n) of the values present."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return None
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs)
+def train_accuracy(d):
+    """Mean accuracy reward over the run's RL steps, as % of its 10 points."""
+    vals = [r["rewards/accuracy"] for r in d["rl"] if "rewards/accuracy" in r]
+    return 10.0 * statistics.fmean(vals) if vals else None
 
 
-def last_n(rows, key, scale=1.0):
-    vals = [r[key] for r in rows[-LAST_N:] if key in r]
-    return scale * statistics.fmean(vals) if vals else None
+def pass1(d, s, subset=None):
+    """(pass@1 on eval set s, per-problem correct counts or None); subset: problem indices."""
+    e = d["evals"].get(s)
+    if e is None:
+        return None, None
+    c = e.get("per_problem_correct")
+    if subset is None:
+        return e["pass@k"]["1"], c
+    c = [c[p] for p in subset]
+    return statistics.fmean(x / N_SAMPLES for x in c), c
 
 
-COLUMNS = [  # label, function of one run's data -> number or None
-    ("format % (last 5)", lambda d: last_n(d["rl"], "rewards/format", 10.0)),
-    ("accuracy % (last 5)", lambda d: last_n(d["rl"], "rewards/accuracy", 10.0)),
-    ("entropy (last 5)", lambda d: last_n(d["rl"], "entropy")),
-    ("ID pass@1", lambda d: d["evals"].get("id", {}).get("pass@k", {}).get("1")),
-    ("ID pass@8", lambda d: d["evals"].get("id", {}).get("pass@k", {}).get("8")),
-    ("ID maj@8", lambda d: d["evals"].get("id", {}).get("maj@k", {}).get("8")),
-    ("OOD pass@1", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("1")),
-    ("OOD pass@8", lambda d: d["evals"].get("ood", {}).get("pass@k", {}).get("8")),
-    ("OOD maj@8", lambda d: d["evals"].get("ood", {}).get("maj@k", {}).get("8")),
-    ("entropy max", lambda d: max((r["entropy"] for r in d["rl"] if "entropy" in r), default=None)),
-    ("KL max", lambda d: max((r["kl"] for r in d["rl"] if "kl" in r), default=None)),
-    ("train min/run", lambda d: sum(t["seconds"] for t in d["times"].get("train", [])) / 60 or None),
-]
-PAIRS = [  # the paper's comparisons: A - B seed by seed (the runs of one seed share warm-up and prompts)
-    ("Fig. 2", "gtpo", "grpo"), ("Fig. 2", "gtpo", "grpo-kl"), ("Fig. 2-3", "gtpo", "sft"),
-    ("Fig. 4 (delta_i = 1 in gtpo here)", "gtpo-delta", "gtpo"),
-    ("Fig. 5", "gtpo-masks-only", "gtpo"), ("Fig. 5", "gtpo-masks-only", "grpo"),
-    ("App. 13", "gtpo-onlyneg", "gtpo"), ("App. 14", "grpo-entropy", "grpo"), ("App. 14", "gtpo", "grpo-entropy"),
-    ("Fig. 1, lr 1e-3", "gtpo-hot", "grpo-hot"), ("Fig. 1, lr 1e-3", "gtpo-hot", "grpo-kl-hot"),
-]
-PAIR_COLUMNS = ["accuracy % (last 5)", "entropy (last 5)", "entropy max", "ID pass@1", "ID pass@8", "OOD pass@1"]
+def solvable(names, s="ood"):
+    """Problems of set s with >= 1 correct sample in any finished run of `names`, pooled over runs
+    and seeds (blind to which method solved it)."""
+    solved = set()
+    for name, _, seeds, _, _ in RUNS:
+        for seed in seeds:
+            d = load(f"{name}-s{seed}") if name in names else None
+            c = d and d["evals"].get(s, {}).get("per_problem_correct")
+            solved |= {p for p, x in enumerate(c or []) if x > 0}
+    return sorted(solved)
 
 
-def configs():
-    """(name, part, seeds) of the warm-up and every configuration of RUNS."""
-    return [("warmup", "start", SEEDS)] + [(name, part, ss) for name, part, ss, _ in RUNS]
+def sign_flip_p(diffs):
+    """Two-sided exact sign-flip permutation p of mean(diffs) = 0 over paired runs: the share of
+    the 2^m sign patterns whose |sum| is at least the observed |sum|."""
+    obs, m = abs(sum(diffs)), len(diffs)
+    hits = sum(abs(sum(d if mask >> i & 1 else -d for i, d in enumerate(diffs))) >= obs - 1e-12
+               for mask in range(2 ** m))
+    return hits / 2 ** m
 
 
-def summarize():
-    """One row per configuration: mean, std and n over its finished seeds for every COLUMN."""
-    table = []
-    for name, part, seeds in configs():
-        data = [d for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
-        cells = {label: mean_std([f(d) for d in data]) for label, f in COLUMNS}
-        table.append({"config": name, "part": part, "seeds_done": len(data), "seeds": len(seeds), **cells})
-    return table
+def bootstrap_ci(per_unit, reps=10000, seed=0):
+    """95 % percentile interval of the mean per-problem difference (per_unit: one list per paired
+    run, the difference in correct share per problem), problems resampled with replacement: the
+    noise of evaluating these trained models on finitely many problems, not that of training."""
+    P = len(per_unit[0])
+    d = [statistics.fmean(u[p] for u in per_unit) for p in range(P)]
+    rng = random.Random(seed)
+    stats = sorted(sum(d[rng.randrange(P)] for _ in range(P)) / P for _ in range(reps))
+    return stats[int(0.025 * reps)], stats[int(0.975 * reps) - 1]
 
 
-def paired(a, b):
-    """{column: [(seed, A - B), ...]} over the seeds where both runs have finished and the column exists."""
-    cols = dict(COLUMNS)
-    both = [(s, load(f"{a}-s{s}"), load(f"{b}-s{s}")) for s in SEEDS]
-    out = {}
-    for label in PAIR_COLUMNS:
-        vals = [(s, cols[label](da), cols[label](db)) for s, da, db in both if da and db]
-        out[label] = [(s, va - vb) for s, va, vb in vals if va is not None and vb is not None]
+def verdict(sign, mean, p, ci, regime=None):
+    """docs/study.md's rule. sign: +1 / -1 where the paper says A above / below B, 0 for no claim."""
+    if regime:
+        return f"not testable here ({regime})"
+    ci_out = ci is not None and (ci[0] > 0 or ci[1] < 0)
+    if sign == 0:
+        word = "A above B" if mean > 0 else "A below B" if mean < 0 else "no difference"
+        return (f"{word} (across seeds)" if p < 0.05 else f"{word} (for these runs)" if ci_out
+                else f"{word}, within noise" if mean else word)
+    agree = mean * sign > 0
+    if p < 0.05:
+        return "holds" if agree else "contradicted"
+    if ci_out:
+        return "holds for these runs" if agree else "contradicted for these runs"
+    return "same direction, within noise" if agree else "opposite direction, within noise" if mean else "no difference"
+
+
+# a question: (label, the paper's claim, contrasts (each: [(coefficient, config)], one unit per seed),
+#              metric (a function of a run -> (value, per-problem counts or None)), sign, base, regime)
+def _id(d):
+    return pass1(d, "id")
+
+
+def _train(d):
+    return train_accuracy(d), None
+
+
+def questions():
+    ood = solvable([n for n, p, *_ in RUNS if p == "main"])
+    _ood = lambda d: pass1(d, "ood", ood)                                           # noqa: E731
+    g_vs_r = [[(1, "gtpo-a6"), (-1, "grpo-a6")], [(1, "gtpo-a9"), (-1, "grpo-a9")]]
+    inter = [[(1, "gtpo-a6"), (-1, "grpo-a6"), (-1, "gtpo-a9"), (1, "grpo-a9")]]
+    hot = "Fig. 1's collapse comes after hundreds of steps; these runs have 20"
+    eq6 = "delta_i acts only when <H>_ini < ln 2 (Eq. 6); <H>_ini was 1.2-1.6 here"
+    return [
+        ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, "ID pass@1", _id, 1, None, None),
+        ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, f"OOD pass@1, {len(ood)} solvable", _ood, 1, None, None),
+        ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, "training accuracy %", _train, 1, None, None),
+        ("Q1", "GTPO above GRPO β=1e-6 (Fig. 2)", [[(1, "gtpo-a9"), (-1, "grpo-kl6")]], "ID pass@1", _id, 1, None,
+         None),
+        ("Q2", "(no claim) GTPO's edge the same under both Adam settings", inter, "ID pass@1", _id, 0, None, None),
+        ("Q2", "(no claim) Adam β 0.999999 vs (0.9, 0.95), GTPO", [[(1, "gtpo-a6"), (-1, "gtpo-a9")]], "ID pass@1",
+         _id, 0, None, None),
+        ("Q2", "(no claim) Adam β 0.999999 vs (0.9, 0.95), GRPO", [[(1, "grpo-a6"), (-1, "grpo-a9")]], "ID pass@1",
+         _id, 0, None, None),
+        ("Q3", "GTPO above SFT (Fig. 2-3, Sec. 6)", [[(1, "gtpo-a6"), (-1, "sft")]], "ID pass@1", _id, 1, None, None),
+        ("Q3", "GTPO above SFT (Fig. 2-3, Sec. 6)", [[(1, "gtpo-a6"), (-1, "sft")]], f"OOD pass@1, {len(ood)} solvable",
+         _ood, 1, None, None),
+        ("Q4", "GTPO above GRPO β=0 after 200 steps", [[(1, "gtpo-long"), (-1, "grpo-long")]], "ID pass@1, final",
+         _id, 1, None, None),
+        ("Q4", "GTPO above GRPO β=0, best checkpoints", [[(1, "gtpo-long"), (-1, "grpo-long")]], "ID pass@1, best",
+         lambda d: pass1(d, "id-best"), 1, None, None),
+        ("v1", "GTPO above GRPO β=0 (Fig. 2)", [[(1, "gtpo"), (-1, "grpo")]], "ID pass@1 (16)", _id, 1, V1, None),
+        ("v1", "GTPO above GRPO β=0 (Fig. 2)", [[(1, "gtpo"), (-1, "grpo")]], "training accuracy %", _train, 1, V1,
+         None),
+        ("v1", "GTPO above GRPO β=0.04 (Fig. 2)", [[(1, "gtpo"), (-1, "grpo-kl")]], "training accuracy %", _train, 1,
+         V1, None),
+        ("v1", "GTPO above SFT OOD (Sec. 6)", [[(1, "gtpo"), (-1, "sft")]], "OOD pass@1 (16)", lambda d: pass1(d, "ood"),
+         1, V1, None),
+        ("v1", "GRPO β=0.04 above SFT OOD (Sec. 6: RL generalises)", [[(1, "grpo-kl"), (-1, "sft")]],
+         "OOD pass@1 (16)", lambda d: pass1(d, "ood"), 1, V1, None),
+        ("v1", "conflict masks alone above GRPO (Fig. 5)", [[(1, "gtpo-masks-only"), (-1, "grpo")]],
+         "training accuracy %", _train, 1, V1, None),
+        ("v1", "full GTPO above masks alone (Fig. 5)", [[(1, "gtpo"), (-1, "gtpo-masks-only")]],
+         "training accuracy %", _train, 1, V1, None),
+        ("v1", "filter on all above no filter (Fig. 4)", [[(1, "gtpo-delta"), (-1, "gtpo")]], "training accuracy %",
+         _train, 1, V1, eq6),
+        ("v1", "OnlyNeg below filter-on-all in accuracy (App. 13)", [[(1, "gtpo-onlyneg"), (-1, "gtpo-delta")]],
+         "training accuracy %", _train, -1, V1, eq6),
+        ("v1", "filter + γ improve GRPO (App. 14)", [[(1, "grpo-entropy"), (-1, "grpo")]], "training accuracy %",
+         _train, 1, V1, None),
+        ("v1", "GTPO above GRPO + filter + γ (App. 14)", [[(1, "gtpo"), (-1, "grpo-entropy")]],
+         "training accuracy %", _train, 1, V1, None),
+        ("v1", "GTPO above GRPO β=0 at lr 1e-3 (Fig. 1)", [[(1, "gtpo-hot"), (-1, "grpo-hot")]], "training accuracy %",
+         _train, 1, V1, hot),
+    ]
+
+
+def seeds_of(name, base):
+    return V1_RUNS[name] if base == V1 else next(ss for n, _, ss, _, _ in RUNS if n == name)
+
+
+def test_question(contrasts, metric, base):
+    """Units (one per contrast and seed where every term's run has the metric): their values, the
+    per-problem contrast lists when every run has counts."""
+    units = []
+    for terms in contrasts:
+        seeds = set.intersection(*(set(seeds_of(n, base)) for _, n in terms))
+        for s in sorted(seeds):
+            got = [metric(d) if d else (None, None) for d in (load(f"{n}-s{s}", base) for _, n in terms)]
+            if any(v is None for v, _ in got):
+                continue
+            value = sum(c * v for (c, _), (v, _) in zip(terms, got))
+            counts = None if any(c is None for _, c in got) else \
+                [sum(c * x[p] for (c, _), (_, x) in zip(terms, got)) / N_SAMPLES for p in range(len(got[0][1]))]
+            units.append((s, value, counts))
+    return units
+
+
+def question_rows():
+    """One dict per question: its units, mean, run-level p, problem-level CI and verdict."""
+    out = []
+    for label, claim, contrasts, metric_name, metric, sign, base, regime in questions():
+        units = test_question(contrasts, metric, base)
+        if not units:
+            out.append({"q": label, "claim": claim, "metric": metric_name, "units": 0})
+            continue
+        diffs = [v for _, v, _ in units]
+        mean, p = statistics.fmean(diffs), sign_flip_p(diffs)
+        ci = bootstrap_ci([c for *_, c in units]) if all(c is not None for *_, c in units) else None
+        terms = " ".join(f"{'+' if c > 0 else '−'} {n}" for c, n in contrasts[0]).lstrip("+ ")
+        out.append({"q": label, "claim": claim, "contrast": terms + (" (both Adam settings)" if len(contrasts) > 1
+                                                                    else ""),
+                    "metric": metric_name, "units": len(units), "values": diffs, "mean": mean, "p": p, "ci": ci,
+                    "min_p": 2 / 2 ** len(units), "verdict": verdict(sign, mean, p, ci, regime)})
     return out
 
 
-def pair_lines():
-    """The paired table of summary.md: each seed's difference, and in how many seeds A is above B."""
-    head = ["paper", "A - B", "seeds"] + PAIR_COLUMNS
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for claim, a, b in PAIRS:
-        diffs = paired(a, b)
-        n = max(len(d) for d in diffs.values())
-        if n == 0:
+def trailing(vals, n):
+    """Trailing means over n steps (the first n - 1 over what there is)."""
+    return [statistics.fmean(vals[max(0, i - n + 1):i + 1]) for i in range(len(vals))]
+
+
+COLLAPSE_WINDOW, COLLAPSE_DROP = 10, 2.0      # steps; points of the 10-point formatting reward (= 20 %)
+
+
+def collapse_step(rows):
+    """The first RL step at which the trailing-10-step formatting reward is >= 2 points below its mean
+    over the first 10 RL steps while the trailing-10-step entropy is above ln 2; None if never."""
+    fmt, ent = [r["rewards/format"] for r in rows], [r["entropy"] for r in rows]
+    if len(fmt) < 2 * COLLAPSE_WINDOW:
+        return None
+    start = statistics.fmean(fmt[:COLLAPSE_WINDOW])
+    for r, f, h in zip(rows, trailing(fmt, COLLAPSE_WINDOW), trailing(ent, COLLAPSE_WINDOW)):
+        if r["step"] - rows[0]["step"] >= COLLAPSE_WINDOW and f <= start - COLLAPSE_DROP and h > math.log(2):
+            return r["step"]
+    return None
+
+
+def collapse_lines():
+    """Q4: per long run, <H>_ini, first and last formatting / entropy, and its collapse step."""
+    lines = ["| run | <H>_ini of its start | format % first 10 → last 10 | entropy first 10 → last 10 | "
+             "collapse step |", "|---|---|---|---|---|"]
+    found = {}
+    h_ini = {s: load(f"gtpo-long-s{s}") for s in seeds_of("gtpo-long", None)}
+    for name in ("gtpo-long", "grpo-long"):
+        for s in seeds_of(name, None):
+            d = load(f"{name}-s{s}")
+            if d is None or len(d["rl"]) < 2 * COLLAPSE_WINDOW:
+                continue
+            rows, w = d["rl"], COLLAPSE_WINDOW
+            fmt, ent = [10 * r["rewards/format"] for r in rows], [r["entropy"] for r in rows]
+            found[(name, s)] = collapse_step(rows)
+            h = h_ini[s] and h_ini[s]["config.json"].get("h_ini")
+            lines.append(f"| {NAMES[name]}, seed {s} | {h:.3f} |" if h is not None else f"| {NAMES[name]}, seed {s} | – |")
+            lines[-1] += (f" {statistics.fmean(fmt[:w]):.1f} → {statistics.fmean(fmt[-w:]):.1f} | "
+                          f"{statistics.fmean(ent[:w]):.3f} → {statistics.fmean(ent[-w:]):.3f} | "
+                          f"{found[(name, s)] or 'none'} |")
+    if len(found) < 4:
+        return lines, "not finished"
+    g = [found[("gtpo-long", s)] for s in (1, 2)]
+    r = [found[("grpo-long", s)] for s in (1, 2)]
+    rule = ("holds (GRPO collapses in both seeds, GTPO in neither)" if all(r) and not any(g) else
+            "not observed (no run collapses within 200 steps)" if not any(r + g) else
+            "contradicted (GTPO collapses in both seeds, GRPO in neither)" if all(g) and not any(r) else
+            "mixed (see the table)")
+    return lines, rule
+
+
+def conflict_lines():
+    """Q5: the share of conflict-token positions that are format tokens, per RL run of the main part,
+    beside the share of format tokens among all completion tokens."""
+    lines = ["| run | seeds | format share of conflict positions | format share of all tokens | conflict positions / "
+             "tokens |", "|---|---|---|---|---|"]
+    shares = []
+    for name in ("gtpo-a6", "gtpo-a9", "grpo-a6", "grpo-a9"):
+        cs = [d["conflicts.json"] for d in (load(f"{name}-s{s}") for s in seeds_of(name, None))
+              if d and "conflicts.json" in d]
+        if not cs:
             continue
+        share = [c["format_share"] for c in cs]
+        shares += share
+        base = [c["format_share_of_tokens"] for c in cs if "format_share_of_tokens" in c]
+        lines.append(f"| {NAMES[name]} | {len(cs)} | {' '.join(f'{x:.2f}' for x in share)} | "
+                     f"{' '.join(f'{x:.2f}' for x in base) or '–'} | "
+                     f"{' '.join(format(c['conflict_share'], '.3f') for c in cs)} |")
+    rule = ("not finished" if not shares else "holds (format tokens are the majority in every run)"
+            if min(shares) > 0.5 else "does not hold (a minority in every run)" if max(shares) <= 0.5 else
+            "mixed (the majority in some runs only)")
+    return lines, rule
+
+
+def mean_std(xs):
+    """(mean, sample std, n) of the values present, or None."""
+    xs = [x for x in xs if x is not None]
+    return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs)) if xs else None
+
+
+def summary_lines():
+    """Per configuration: mean ± std over its finished seeds of the training and evaluation columns."""
+    ood = solvable([n for n, p, *_ in RUNS if p == "main"])
+    cols = [("format % (last 5)", lambda d: 10 * statistics.fmean(r["rewards/format"] for r in d["rl"][-5:])
+             if d["rl"] else None),
+            ("training accuracy %", train_accuracy),
+            ("entropy (last 5)", lambda d: statistics.fmean(r["entropy"] for r in d["rl"][-5:]) if d["rl"] else None),
+            ("ID pass@1", lambda d: pass1(d, "id")[0]), ("ID pass@8", lambda d: d["evals"].get("id", {})
+                                                          .get("pass@k", {}).get("8")),
+            ("ID maj@8", lambda d: d["evals"].get("id", {}).get("maj@k", {}).get("8")),
+            (f"OOD pass@1 ({len(ood)} solvable)", lambda d: pass1(d, "ood", ood)[0]),
+            ("OOD pass@1 (all 48)", lambda d: pass1(d, "ood")[0]),
+            ("ID pass@1 best ckpt", lambda d: pass1(d, "id-best")[0]),
+            ("train min/run", lambda d: sum(t["seconds"] for t in d.get("times.json", {}).get("train", [])) / 60
+             or None)]
+    head = ["config", "seeds"] + [c for c, _ in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, part, seeds, _, _ in [("warmup", "start", (1, 2, 3), None, None)] + RUNS:
+        data = [d for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
         cells = []
-        for label in PAIR_COLUMNS:
-            d = [x for _, x in diffs[label]]
-            digits = 1 if "%" in label else 3
-            signs = f" ({sum(x > 0 for x in d)}+ {sum(x < 0 for x in d)}-)"
-            cells.append(" ".join(f"{x:+.{digits}f}" for x in d) + signs if d else "–")
-        lines.append("| " + " | ".join([claim, f"{a} - {b}", str(n)] + cells) + " |")
+        for label, f in cols:
+            v = mean_std([f(d) for d in data if d["rl"] or "%" not in label and "entropy" not in label])
+            digits = 1 if "%" in label or "min" in label else 3
+            cells.append("–" if v is None else f"{v[0]:.{digits}f} ± {v[1]:.{digits}f}" + ("" if v[2] == len(data)
+                                                                                          else f" (n={v[2]})"))
+        lines.append(f"| {NAMES[name]} | {len(data)}/{len(seeds)} | " + " | ".join(cells) + " |")
     return lines
 
 
-def write_summary(table):
-    def cell(v, digits, seeds):
-        if v is None:
-            return "–"
-        text = f"{v[0]:.{digits}f} ± {v[1]:.{digits}f}" if v[2] > 1 else f"{v[0]:.{digits}f}"
-        return text if v[2] == seeds else f"{text} (n={v[2]})"
-    digits = {"format": 1, "accuracy": 1, "entropy": 3, "train": 1}
-    head = ["config", "part", "seeds"] + [label for label, _ in COLUMNS]
+def question_lines(rows):
+    head = ["Q", "the paper's claim", "A − B", "metric", "paired runs", "A − B per run", "mean", "run-level p (min)",
+            "problem-level 95 % CI", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in table:
-        lines.append("| " + " | ".join([r["config"], r["part"], f"{r['seeds_done']}/{r['seeds']}"] +
-                                      [cell(r[label], digits.get(label.split()[0], 3), r["seeds_done"])
-                                       for label, _ in COLUMNS]) + " |")
-    total = sum(t["seconds"] for name, _, seeds in configs() for s in seeds
-                for d in [load(f"{name}-s{s}")] if d for ts in d["times"].values() for t in ts)
-    lines.append(f"\nmean ± sample std over the finished seeds; training columns: mean of the last {LAST_N} RL steps "
-                 f"(format and accuracy as % of their 10 points); time spent by the workers on all runs and "
-                 f"evaluations so far: {total / 3600:.2f} h, summed over workers (with 2 workers the wall time is "
-                 f"about half; each run's times.json has every attempt).")
-    lines += [f"\nPaired by seed: A - B for each seed both have finished, in seed order; (k+ m-) counts the "
-              f"seeds where A is above / below B.\n"] + pair_lines()
-    hard = [d["evals"][RETIRED] for name, _, seeds in configs() for s in seeds
-            for d in [load(f"{name}-s{s}")] if d and RETIRED in d["evals"]]
-    if hard:
-        lines.append(f"\nThe first OOD set, the `{RETIRED}` split, was evaluated for {len(hard)} runs before it was "
-                     f"retired: pass@1 <= {max(r['pass@k']['1'] for r in hard):.3f} and pass@8 <= "
-                     f"{max(r['pass@k']['8'] for r in hard):.3f} for every one of them (eval-{RETIRED}.json).")
+    for r in rows:
+        if not r["units"]:
+            lines.append(f"| {r['q']} | {r['claim']} | | {r['metric']} | 0 | | | | | not run yet |")
+            continue
+        digits = 1 if "%" in r["metric"] else 3
+        ci = "–" if r["ci"] is None else f"{r['ci'][0]:+.3f} … {r['ci'][1]:+.3f}"
+        lines.append(f"| {r['q']} | {r['claim']} | {r['contrast']} | {r['metric']} | {r['units']} | "
+                     f"{' '.join(f'{v:+.{digits}f}' for v in r['values'])} | {r['mean']:+.{digits}f} | "
+                     f"{r['p']:.3f} ({r['min_p']:.3f}) | {ci} | {r['verdict']} |")
+    return lines
+
+
+def cost_hours():
+    """Worker-hours spent on the current design's runs and evaluations (every attempt)."""
+    return sum(t["seconds"] for run_id, *_ in jobs() for d in [load(run_id)] if d
+               for ts in d.get("times.json", {}).values() for t in ts) / 3600
+
+
+def write_summary():
+    rows = question_rows()
+    q4, q4_rule = collapse_lines()
+    q5, q5_rule = conflict_lines()
+    lines = ["## Questions, tests, verdicts (docs/study.md declares them)", ""] + question_lines(rows) + [
+        "", "run-level p: exact two-sided sign-flip test over the paired runs (its smallest possible value in "
+        "brackets); problem-level CI: the problems resampled, the runs fixed.", "",
+        f"## Q4: collapse over 200 steps — {q4_rule}", ""] + q4 + [
+        "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
+        "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
+        "", f"Worker-hours so far (every attempt, both workers summed): {cost_hours():.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
-    runs.write_json(os.path.join(KEEP, "summary.json"), table)
+    runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule})
     print("\n".join(lines))
 
 
-def band(ax, runs_rows, key, scale, color, label, smooth=5):
-    """Mean over seeds (trailing moving average of `smooth` steps) and the min-max band of the seeds."""
-    curves = []
-    for rows in runs_rows:
-        y = [(r["step"], scale * r[key]) for r in rows if key in r]
-        if y:
-            steps, vals = zip(*y)
-            curves.append((steps, trailing_mean(vals, smooth)))
-    if not curves:
-        return
-    n = min(len(c[1]) for c in curves)
-    x = curves[0][0][:n]
-    per_step = list(zip(*[c[1][:n] for c in curves]))
-    ax.plot(x, [statistics.fmean(v) for v in per_step], color=color, lw=1.6,
-            label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
-    if len(curves) > 1:
-        ax.fill_between(x, [min(v) for v in per_step], [max(v) for v in per_step], color=color, alpha=0.15, lw=0)
+# -----------------------------------------------------------------------------
+# plots: paired seeds only (those every configuration of a figure has finished), words in legends
+
+def paired_seeds(names, base=None):
+    return [s for s in sorted(set.intersection(*(set(seeds_of(n, base)) for n in names)))
+            if all(load(f"{n}-s{s}", base) for n in names)]
 
 
-PANELS = [("rewards/format", 10.0, "formatting (% of 10)"), ("rewards/accuracy", 10.0, "accuracy (% of 10)"),
-          ("entropy", 1.0, "mean token entropy <H> (nats)"), ("gtpo/conflict_frac", 1.0, "conflict tokens / tokens"),
-          ("kl", 1.0, "KL to reference")]
+PANELS = [("rewards/format", 10.0, "formatting (% of 10 points)"), ("rewards/accuracy", 10.0, "accuracy (% of 10)"),
+          ("entropy", 1.0, "mean token entropy <H> (nats)"), ("gtpo/conflict_frac", 1.0, "conflict tokens / tokens")]
 
 
-def plot_curves(names, title, path):
+def plot_curves(names, title, path, smooth, base=None, labels=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, grid = plt.subplots(2, 3, figsize=(13, 7))
-    axes, legend_ax = grid.flat[:len(PANELS)], grid.flat[-1]
+    seeds = paired_seeds(names, base)
+    if not seeds:
+        return False
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
     for i, name in enumerate(names):
-        seeds = next(ss for n, _, ss in configs() if n == name)
-        rows = [d["rl"] for d in (load(f"{name}-s{s}") for s in seeds) if d is not None]
+        color, ls = STYLE.get(name, (f"C{i}", "-"))
+        rows = [load(f"{name}-s{s}", base)["rl"] for s in seeds]
         for ax, (key, scale, _) in zip(axes, PANELS):
-            band(ax, rows, key, scale, f"C{i}", name)
+            curves = [[scale * r[key] for r in rr if key in r] for rr in rows]
+            if not all(curves):
+                continue
+            n = min(map(len, curves))
+            steps = [r["step"] for r in rows[0] if key in r][:n]
+            per_step = [statistics.fmean(c[j] for c in curves) for j in range(n)]
+            ax.plot(steps, trailing(per_step, smooth), color=color, ls=ls, lw=1.6,
+                    label=(labels or NAMES).get(name, name))
     for ax, (key, _, ylabel) in zip(axes, PANELS):
-        ax.set_xlabel("optimizer step (after the shared SFT warm-up)", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_xlabel("RL step", fontsize=9)
+        ax.set_title(ylabel, fontsize=9)
         ax.grid(alpha=0.3)
         if key == "entropy":
             ax.axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (Eq. 6)")
-        if not ax.lines:
-            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-    legend_ax.axis("off")
-    handles, labels = axes[2].get_legend_handles_labels()              # the entropy panel has every run + ln 2
-    if handles:
-        legend_ax.legend(handles, labels, loc="center", fontsize=9)
-    fig.suptitle(f"{title}: mean of seeds (5-step trailing average), band = min-max over seeds", fontsize=10)
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"{title}: mean of seeds {', '.join(map(str, seeds))} ({smooth}-step trailing mean); one prompt "
+                 f"per step, the same prompts for every method of a seed, so the curves follow prompt difficulty",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def plot_passk(path):
-    """pass@k (solid, circles) and maj@k (dashed, squares), mean over seeds with the min-max band."""
+    """pass@k and maj@k, k = 1, 2, 4, 8, on both sets: the main part's configurations, paired seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(EVALS), figsize=(6 * len(EVALS), 4))
-    for ax, (set_name, flags) in zip(axes, EVALS.items()):
-        for i, (name, _, seeds) in enumerate(c for c in configs() if c[1] in ("start", "main")):
-            res = [d["evals"][set_name] for d in (load(f"{name}-s{s}") for s in seeds) if d and set_name in d["evals"]]
-            if not res:
-                continue
-            ks = sorted(int(k) for k in res[0]["pass@k"])
-            for key, style, ms, fill in (("pass@k", "o-", 4, None), ("maj@k", "s--", 8, "none")):
-                vals = [[r[key][str(k)] for r in res] for k in ks]
-                ax.plot(ks, [statistics.fmean(v) for v in vals], style, color=f"C{i}", ms=ms, mfc=fill,
-                        label=f"{name} {key.split('@')[0]}@k ({len(res)} seed{'s' * (len(res) > 1)})")
-                if len(res) > 1:
-                    ax.fill_between(ks, [min(v) for v in vals], [max(v) for v in vals], color=f"C{i}", alpha=0.1, lw=0)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.minorticks_off()
-        ax.set_xlabel("k")
-        ax.set_ylabel("fraction of problems")
-        ax.set_title(f"{set_name}: arithmetic {flags[-1]} split, n = {EVAL_COMMON[3]} samples per problem", fontsize=9)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+    names = [n for n, p, *_ in RUNS if p == "main"]
+    seeds = [s for s in paired_seeds(names) if all(load(f"{n}-s{s}")["evals"].get(e) for n in names for e in EVALS)]
+    if not seeds:
+        return False
+    fig, grid = plt.subplots(2, 2, figsize=(10, 7))
+    for col, s_name in enumerate(EVALS):
+        for row, key in enumerate(("pass@k", "maj@k")):
+            ax = grid[row][col]
+            for name in names:
+                res = [load(f"{name}-s{s}")["evals"][s_name] for s in seeds]
+                ks = sorted(int(k) for k in res[0][key])
+                color, ls = STYLE[name]
+                ax.plot(ks, [statistics.fmean(r[key][str(k)] for r in res) for k in ks], marker="o", ms=4,
+                        color=color, ls=ls, label=NAMES[name])
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(ks, [str(k) for k in ks])
+                ax.minorticks_off()
+            ax.set_title(f"{key}, {s_name} ({EVALS[s_name][-1]} problems × {N_SAMPLES} samples)", fontsize=9)
+            ax.set_xlabel("k", fontsize=9)
+            ax.grid(alpha=0.3)
+    grid[0][0].legend(fontsize=8)
+    fig.suptitle(f"Mean over seeds {', '.join(map(str, seeds))}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
+
+
+V1_LABELS = {"gtpo": "GTPO", "grpo": "GRPO β=0", "gtpo-masks-only": "conflict masks only (γ=0, no δ)",
+             "gtpo-delta": "GTPO, δ_i on all", "gtpo-onlyneg": "GTPO, δ_i on negatives (OnlyNeg)",
+             "grpo-entropy": "GRPO + δ_i + γ"}
 
 
 def report():
-    table = summarize()
-    write_summary(table)
-    parts = {p: [n for n, q, _ in configs() if q == p] for p in ("main", "ablation", "collapse")}
-    plot_curves([n for n in parts["main"] if n != "sft"], "Main comparison (SFT has no sampled rewards)",
-                os.path.join(KEEP, "curves-main.png"))
-    plot_curves(["gtpo"] + parts["ablation"], "Ablations (GTPO paper defaults for reference)",
-                os.path.join(KEEP, "curves-ablation.png"))
-    plot_curves(parts["collapse"], "Collapse setting: learning rate 1e-3", os.path.join(KEEP, "curves-collapse.png"))
-    plot_passk(os.path.join(KEEP, "passk.png"))
-    print(f"wrote {KEEP}/: summary.md, summary.json, curves-main.png, curves-ablation.png, curves-collapse.png, "
-          f"passk.png")
+    write_summary()
+    plots = [("curves-main.png", lambda p: plot_curves([n for n, q, *_ in RUNS if q == "main" and n != "sft"],
+                                                        "GTPO vs GRPO β=0 under both Adam settings", p, 5)),
+             ("curves-long.png", lambda p: plot_curves(["gtpo-long", "grpo-long"], "200 steps from <H>_ini < ln 2",
+                                                       p, 10)),
+             ("passk.png", plot_passk),
+             ("v1/curves-ablation.png", lambda p: plot_curves(list(V1_LABELS), "First design's ablations", p, 5,
+                                                              V1, V1_LABELS))]
+    for name, plot in plots:
+        done = plot(os.path.join(KEEP, name))
+        print(f"{KEEP}/{name}: {'written' if done else 'not yet (no seed has every run of the figure)'}")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shard", default="0/1", metavar="K/N", help="run jobs K, K+N, K+2N, ... (N workers)")
     p.add_argument("--list", action="store_true", help="the run table and the state of each run")
-    p.add_argument("--report", action="store_true", help="only the plots and summary, from study/")
+    p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
     args = p.parse_args(argv)
     try:
         k, n = (int(x) for x in args.shard.split("/"))

@@ -87,7 +87,7 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
     rows = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
     logged = sum(round(r["gtpo/mean_conflict_tokens"] * 4) for r in rows)   # N = 1 prompt x G = 4
     summary = json.loads((a / "conflicts.json").read_text())
-    assert summary["gtpo_steps"] == 3 and summary["conflict_positions"] == logged > 0
+    assert summary["rl_steps"] == 3 and summary["conflict_positions"] == logged > 0
     samples = [json.loads(x) for x in (a / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all(len(s["tokens"]) == len(s["lambda"]) for s in samples)   # steps 1 and 3
     b = tmp_path / "b"
@@ -96,3 +96,7 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
         shutil.rmtree(b / d)
     assert train.main(argv(b, "--resume")) == 0
     assert json.loads((b / "conflicts.json").read_text()) == summary
+    g = tmp_path / "grpo"                      # GRPO's conflict spans are counted too (GTPO protects them)
+    assert train.main(argv(g, "--use_grpo")) == 0
+    grpo = json.loads((g / "conflicts.json").read_text())
+    assert grpo["rl_steps"] == 3 and grpo["conflict_positions"] > 0 and 0 <= grpo["format_share_of_tokens"] <= 1

@@ -146,6 +146,7 @@ def test_rescore_computes_results_from_completion_text(tmp_path):
     assert ev.main(["--rescore", str(d / "samples.jsonl"), "--k", "1", "2", "4"]) == 0
     res = json.load(open(d / "results.json"))
     # problem 0: 2 of 4 correct, problem 1: 1 of 4
+    assert res["per_problem_correct"] == [2, 1]
     assert res["pass@k"]["1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
     assert res["pass@k"]["2"] == pytest.approx((1 - 1 / 6 + 1 - 3 / 6) / 2)
     assert res["pass@k"]["4"] == 1.0

@@ -1,66 +1,120 @@
-"""study.py: the run table gives every run the same budget, and the report recomputes from the
-committed small files alone."""
+"""study.py: the run table gives every run the same budget, the statistics and verdict rule of
+docs/study.md, and a report recomputed from the committed small files alone."""
 import json
 import os
-import statistics
 
 import pytest
 
 import study
 
 
-def test_run_table_same_budget_independent_seeds():
+def test_run_table_same_budget_and_warm_ups_first():
     jobs = study.jobs()
-    ids = [run_id for run_id, _, _ in jobs]
+    ids = [run_id for run_id, *_ in jobs]
     assert len(ids) == len(set(ids))
-    seeds = {name: ss for name, _, ss, _ in study.RUNS}
-    parts = {name: part for name, part, _, _ in study.RUNS}
-    assert all(len(seeds[n]) >= (3 if parts[n] == "main" else 2) for n in seeds)
-    assert [p for p in parts.values()].count("main") == 4
-    for run_id, flags, seed in jobs:
+    warm = {run_id for run_id, _, _, start, _ in jobs if start is None}
+    for i, (run_id, flags, seed, start, evals) in enumerate(jobs):
         assert run_id.endswith(f"-s{seed}")
-        if run_id.startswith("warmup"):
+        if start is None:
             continue
-        assert flags[:len(study.COMMON)] == study.COMMON              # same steps, prompts, G, tokens
+        assert start in warm and ids.index(start) < i and start.endswith(f"-s{seed}")
+        assert flags[:len(study.COMMON)] == study.COMMON              # same prompts per step, G, tokens
         extra = flags[len(study.COMMON):]
-        budget = {"--max_steps", "--batch_size", "--generation_size", "--max_completion_length", "--sft_warmup_steps"}
+        budget = {"--batch_size", "--generation_size", "--max_completion_length", "--sft_warmup_steps"}
         assert not budget & set(extra)
+    main = {n: (flags, ss) for n, p, ss, flags, _ in study.RUNS if p == "main"}
+    assert all(ss == (1, 2, 3) for _, ss in main.values())
+    # the objective is crossed with the optimizer: both methods under both Adam settings
+    for method in ("--use_gtpo", "--use_grpo"):
+        for betas in (study.A6, study.A9):
+            assert any(f[0] == method and f[1:] == betas for f, _ in main.values())
+    long = [flags for n, p, _, flags, _ in study.RUNS if p == "long"]
+    assert len(long) == 2 and long[0][1:] == long[1][1:]                # same settings but the method
 
 
-def _write_run(keep, run_id, formats, pass1):
+def test_sign_flip_p_exact_values():
+    assert study.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)    # all same sign: the minimum 2/2^m
+    assert study.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
+    assert study.sign_flip_p([1.0, -1.0]) == 1.0
+    # [3, 1, -1]: |sum| = 3; patterns with |sum| >= 3: +-(3, 1, -1), +-(3, 1, 1), +-(3, -1, -1) -> 6 of 8
+    assert study.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)
+
+
+def test_bootstrap_ci_brackets_the_mean_and_excludes_zero_when_every_problem_agrees():
+    same = [[0.25] * 40, [0.125] * 40]
+    lo, hi = study.bootstrap_ci(same, reps=2000)
+    assert lo == pytest.approx(0.1875) and hi == pytest.approx(0.1875)
+    mixed = [[0.5, -0.5] * 20]
+    lo, hi = study.bootstrap_ci(mixed, reps=2000)
+    assert lo < 0 < hi
+
+
+@pytest.mark.parametrize("sign,mean,p,ci,want", [
+    (1, 0.1, 0.03, (0.01, 0.2), "holds"), (1, -0.1, 0.03, None, "contradicted"),
+    (1, 0.1, 0.25, (0.01, 0.2), "holds for these runs"), (1, -0.1, 0.25, (-0.2, -0.01), "contradicted for these runs"),
+    (1, 0.1, 0.25, (-0.01, 0.2), "same direction, within noise"), (-1, 0.1, 0.5, None, "opposite direction, within noise"),
+    (0, 0.1, 0.25, (0.01, 0.2), "A above B (for these runs)"), (0, -0.1, 0.5, None, "A below B, within noise")])
+def test_verdict_rule(sign, mean, p, ci, want):
+    assert study.verdict(sign, mean, p, ci) == want
+    assert study.verdict(sign, mean, p, ci, regime="why").startswith("not testable here")
+
+
+def test_collapse_rule():
+    rows = [{"step": k, "rewards/format": 9.5, "entropy": 0.4} for k in range(1, 31)]
+    assert study.collapse_step(rows) is None
+    for r in rows[18:]:
+        r["rewards/format"], r["entropy"] = 5.0, 1.5                   # formatting breaks, entropy up
+    step = study.collapse_step(rows)
+    assert step is not None and 20 <= step <= 30
+    for r in rows[18:]:
+        r["entropy"] = 0.5                                             # below ln 2: not the paper's collapse
+    assert study.collapse_step(rows) is None
+
+
+def test_best_checkpoint_is_the_highest_reward_window():
+    rows = [{"step": k, "phase": "rl", "reward": 1.0 if 26 <= k <= 50 else 0.5} for k in range(1, 101)]
+    assert study.best_checkpoint(rows, [25, 50, 75, 100]) == (50, 1.0)
+
+
+def _write_run(keep, run_id, acc, counts):
     d = keep / run_id
     d.mkdir(parents=True)
-    rows = [{"step": i + 1, "phase": "rl", "rewards/format": f, "rewards/accuracy": 1.0, "entropy": 0.5}
-            for i, f in enumerate(formats)]
+    rows = [{"step": i + 1, "phase": "rl", "rewards/format": 9.0, "rewards/accuracy": a, "entropy": 0.5,
+             "reward": 9.0 + a} for i, a in enumerate(acc)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = {"dataset": "arithmetic", "n_samples": 8, "pass@k": {"1": pass1, "8": 0.5}, "maj@k": {"1": pass1, "8": 0.25}}
-    (d / "eval-id.json").write_text(json.dumps(res))
+    for s in ("id", "ood"):
+        res = {"n_samples": 8, "pass@k": {"1": sum(counts) / 8 / len(counts), "8": 0.5}, "maj@k": {"1": 0.1, "8": 0.2},
+               "per_problem_correct": counts}
+        (d / f"eval-{s}.json").write_text(json.dumps(res))
     (d / "times.json").write_text(json.dumps({"train": [{"seconds": 600.0, "finished": True, "workers": 2}]}))
 
 
-def test_summary_recomputes_from_committed_files(tmp_path, monkeypatch):
+def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "KEEP", str(tmp_path))
-    _write_run(tmp_path, "gtpo-s1", [0, 0, 2, 4, 6, 8, 10], 0.10)      # last 5 steps: mean 6 -> 60 %
-    _write_run(tmp_path, "gtpo-s2", [0, 0, 4, 4, 4, 4, 4], 0.20)      # 40 %
-    row = next(r for r in study.summarize() if r["config"] == "gtpo")
-    assert row["seeds_done"] == 2 and row["seeds"] == 3
-    assert row["format % (last 5)"] == (50.0, statistics.stdev([60.0, 40.0]), 2)
-    assert row["ID pass@1"][0] == pytest.approx(0.15) and row["OOD pass@1"] is None
-    assert row["train min/run"][0] == 10.0
+    monkeypatch.setattr(study, "V1", str(tmp_path / "v1"))
+    for s in (1, 2, 3):                       # GTPO: one more correct sample per problem than GRPO, every run
+        for name, extra in (("gtpo-a6", 1), ("gtpo-a9", 1), ("grpo-a6", 0), ("grpo-a9", 0), ("grpo-kl6", 0),
+                            ("sft", 0)):
+            _write_run(tmp_path, f"{name}-s{s}", [1.0 + extra] * 20, [2 + extra, 4 + extra, extra, extra, 0])
+    rows = {}
+    for r in study.question_rows():
+        rows.setdefault((r["q"], r["metric"]), r)                      # the first row of each (question, metric)
+    kl6 = next(r for r in study.question_rows() if "1e-6" in r["claim"])
+    assert kl6["units"] == 3 and kl6["verdict"] == "holds for these runs"
+    q1 = rows[("Q1", "ID pass@1")]
+    assert q1["units"] == 6 and q1["values"] == [pytest.approx(4 / 8 / 5)] * 6
+    assert q1["p"] == pytest.approx(2 / 64) and q1["verdict"] == "holds"
+    ood = next(r for (q, m), r in rows.items() if q == "Q1" and m.startswith("OOD"))
+    assert "4 solvable" in ood["metric"] and ood["values"][0] == pytest.approx(1 / 8)   # problem 4: no model
+    assert rows[("Q1", "training accuracy %")]["mean"] == pytest.approx(10.0)
+    q2 = next(r for (q, m), r in rows.items() if q == "Q2")
+    assert q2["units"] == 3 and q2["mean"] == 0 and q2["verdict"] == "no difference"
+    q3 = rows[("Q3", "ID pass@1")]
+    assert q3["units"] == 3 and q3["verdict"] == "holds for these runs"   # p = 0.25 at 3 units; CI > 0
+    assert rows[("Q4", "ID pass@1, final")]["units"] == 0
     study.report()
-    for f in ("summary.md", "summary.json", "curves-main.png", "curves-ablation.png", "passk.png"):
+    text = (tmp_path / "summary.md").read_text()
+    assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
+    for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
-    assert "| gtpo | main | 2/3 | 50.0 ± 14.1 |" in (tmp_path / "summary.md").read_text()
-
-
-def test_paired_differences_use_only_seeds_both_runs_finished(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "KEEP", str(tmp_path))
-    _write_run(tmp_path, "gtpo-s1", [0, 0, 2, 4, 6, 8, 10], 0.10)
-    _write_run(tmp_path, "gtpo-s2", [0, 0, 4, 4, 4, 4, 4], 0.20)
-    _write_run(tmp_path, "grpo-s1", [0, 0, 0, 0, 0, 0, 0], 0.25)     # seed 2 of grpo has not finished
-    d = study.paired("gtpo", "grpo")
-    assert [s for s, _ in d["ID pass@1"]] == [1]
-    assert d["ID pass@1"][0][1] == pytest.approx(-0.15) and d["accuracy % (last 5)"] == [(1, 0.0)]
-    assert d["OOD pass@1"] == []
-    row = next(line for line in study.pair_lines() if "| gtpo - grpo |" in line)
-    assert "| -0.150 (0+ 1-) |" in row and row.endswith("| – |")
+    assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished

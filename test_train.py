@@ -85,6 +85,18 @@ def _rows(out):
         return [json.loads(line) for line in f]
 
 
+def test_measuring_h_ini_leaves_the_sampling_stream_alone(tmp_path, tiny_args, monkeypatch):
+    """GTPO with Eq. 6's auto filter measures <H>_ini by sampling first; with its own draws, its
+    step-1 completions are the same as GRPO's and as GTPO's without the measurement (same seed)."""
+    texts = {}
+    for name, extra in [("gtpo-auto", ["--use_gtpo", "--entropy_filter", "auto", "--ent_ini_prompts", "2"]),
+                        ("gtpo-off", ["--use_gtpo"]), ("grpo", ["--use_grpo"])]:
+        out, _ = _run(tmp_path / name, tiny_args, monkeypatch, *extra)
+        with open(os.path.join(out, "samples.jsonl")) as f:
+            texts[name] = [json.loads(line)["completion"] for line in f]
+    assert len(texts["grpo"]) == 4 and texts["gtpo-auto"] == texts["gtpo-off"] == texts["grpo"]
+
+
 @pytest.mark.slow
 def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     out = str(tmp_path / "demo")

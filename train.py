@@ -87,7 +87,10 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     recs = records[:cfg.ent_ini_prompts]
     if state.get("h_ini") is None:
         prompts = [format_prompt(tok, r["question"], example) for r in recs]
-        state["h_ini"] = dist.mean({"h": step.initial_entropy(model, tok, prompts, cfg)})["h"]
+        cuda = [dist.device] if str(dist.device).startswith("cuda") else []
+        with torch.random.fork_rng(devices=cuda):       # its own draws: the training stream is left as it was,
+            h = step.initial_entropy(model, tok, prompts, cfg)    # so every method samples alike from step 1
+        state["h_ini"] = dist.mean({"h": h})["h"]
     cfg.h_ini = state["h_ini"]
     log(f"<H>_ini = {cfg.h_ini:.3f} over {len(recs)} prompts {'<' if cfg.gate == 'all' else '>='} ln 2 "
         f"-> entropy filter {cfg.gate} (Eq. 6)")
@@ -226,8 +229,9 @@ def optimizer_step(cfg, m, params, optimizer, scheduler, dist):
 
 
 def make_conflict_log(cfg, model, tok, state, dist):
-    """GTPO, rank 0: which tokens fall in conflict spans (conflicts.py), continued from the checkpoint."""
-    if cfg.method != "gtpo" or not dist.main:
+    """GTPO or GRPO, rank 0: which tokens fall in conflict spans (conflicts.py), continued from the
+    checkpoint."""
+    if cfg.method == "sft" or not dist.main:
         return None
     log = ConflictLog(model.get_input_embeddings().num_embeddings, format_token_ids(tok))
     if state.get("conflicts"):
