@@ -8,6 +8,8 @@ where `answer` is the reference final answer and `solution` the worked solution
   2. the Hugging Face Hub;
   3. a path to any local *.jsonl file given as `name`.
 `arithmetic` is generated here from a seed and needs no file at all.
+
+    python data.py --export DIR     # writes DIR/<name>/<split>.jsonl from the Hub, for GTPO_DATA_DIR=DIR
 """
 import json
 import os
@@ -302,3 +304,54 @@ def filter_by_prompt_length(records, tokenizer, max_prompt_length, example=None)
             if len(tokenizer(format_prompt(tokenizer, r["question"], example),
                              add_special_tokens=False)["input_ids"]) <= max_prompt_length]
     return kept, len(records) - len(kept)
+
+
+# -----------------------------------------------------------------------------
+# the offline folder, written from the Hub
+
+EXPORT = {"gsm8k": ("train", "test"), "math": ("train", "test"), "math500": ("test",), "aime24": ("test",),
+          "amc23": ("test",)}
+
+
+def export(out_dir, names=None, log=print):
+    """Write <out_dir>/<name>/<split>.jsonl from the Hub, upstream fields, one object per line: the
+    folder that --data_dir / $GTPO_DATA_DIR reads (run it where the Hub is reachable, copy the
+    folder to the offline machine). Each file is written whole or not at all, then read back
+    through load_task. Returns {(name, split): number of records}."""
+    from runs import write_text                                     # runs imports this module
+    unknown = [n for n in names or EXPORT if n not in EXPORT]
+    if unknown:
+        raise DataError(f"--datasets: unknown {unknown}; choose from {', '.join(EXPORT)}")
+    why = hub_unreachable()
+    if why:
+        raise DataError(f"the Hugging Face Hub is needed to export ({why}); run `python data.py --export DIR` on a "
+                        f"machine that reaches it and copy DIR here")
+    counts = {}
+    for name in names or EXPORT:
+        for split in EXPORT[name]:
+            rows = [row for _, row in _from_hub(name, split)]
+            path = os.path.join(out_dir, name, f"{split}.jsonl")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            counts[(name, split)] = len(load_task(name, split, out_dir))
+            log(f"{path}: {len(rows)} rows, {counts[(name, split)]} records")
+    return counts
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description="Write the offline data folder (<DIR>/<dataset>/<split>.jsonl) from the "
+                                            "Hugging Face Hub, for --data_dir / GTPO_DATA_DIR.")
+    p.add_argument("--export", metavar="DIR", required=True, help="folder to write (created if missing)")
+    p.add_argument("--datasets", default=",".join(EXPORT), help=f"comma-separated subset of {','.join(EXPORT)}")
+    a = p.parse_args(argv)
+    try:
+        export(a.export, a.datasets.split(","))
+    except DataError as e:
+        print(f"error: {e}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

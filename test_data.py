@@ -121,3 +121,29 @@ def test_reworded_arithmetic_split_keeps_numbers_changes_sentences():
     for r in reworded:
         x, op, y, z = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", r["solution"])[-1]
         assert eval(f"{x}{op}{y}") == int(z) and z == r["answer"]
+
+
+@pytest.mark.needs_data
+def test_export_writes_the_folder_load_task_reads(tmp_path, monkeypatch):
+    """data.py --export with the Hub loader stubbed by the offline files: every file comes back with
+    the same rows, and load_task reads the new folder as it reads the original."""
+    import data
+    src = os.environ["GTPO_DATA_DIR"]
+    monkeypatch.setattr(data, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(data, "_from_hub", lambda name, split: data.read_jsonl(os.path.join(src, name, f"{split}.jsonl")))
+    assert data.main(["--export", str(tmp_path / "out")]) == 0
+    for name, splits in data.EXPORT.items():
+        for split in splits:
+            new, old = (os.path.join(d, name, f"{split}.jsonl") for d in (tmp_path / "out", src))
+            assert [r for _, r in data.read_jsonl(new)] == [r for _, r in data.read_jsonl(old)]
+            assert load_task(name, split, str(tmp_path / "out")) == load_task(name, split, src)
+
+
+def test_export_without_the_hub_says_what_to_do(tmp_path, monkeypatch, capsys):
+    import data
+    monkeypatch.setattr(data, "hub_unreachable", lambda: "huggingface.co:https unreachable: timed out")
+    assert data.main(["--export", str(tmp_path), "--datasets", "gsm8k"]) == 2
+    assert "machine that reaches it" in capsys.readouterr().out and not os.listdir(tmp_path)
+    monkeypatch.setattr(data, "hub_unreachable", lambda: None)
+    assert data.main(["--export", str(tmp_path), "--datasets", "gsm8"]) == 2
+    assert "unknown ['gsm8']" in capsys.readouterr().out
