@@ -156,12 +156,20 @@ def test_help_shows_the_real_defaults_grouped(capsys):
     text = " ".join(out.split())                                      # argparse wraps lines
     assert "learning rate [default 0.0002 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
     assert "math500" in text and "aime24" in text                     # every dataset
-    assert "--epochs 3 \\ --batch_size 2" in text                    # the example keeps its continuation
+    assert "torchrun --nproc_per_node 2 train.py" in text            # the docstring's examples
     groups = [(g.title, [a.dest for a in g._group_actions]) for g in build_parser()._action_groups]
     titles = [t for t, _ in groups]
     assert titles[2:4] == ["the paper's recipe (Listing 1)", "the objective (Eq. 1, 5-8)"]   # first after -h
     main_flags = sum(len(a) for t, a in groups[2:4])
     assert main_flags <= 35 and out.index("--lr") < out.index("--output_dir") < out.index("--merge_lora")
+
+
+def test_every_flag_is_documented_in_docs_training():
+    from config import build_parser
+    with open(os.path.join(os.path.dirname(__file__), "docs", "training.md")) as f:
+        doc = f.read()
+    flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert len(flags) > 40 and [s for s in flags if f"`{s}`" not in doc] == []
 
 
 def test_config_defaults_profiles_and_unknown_fields():

@@ -6,8 +6,8 @@ config (config.py) -> setup: model, data, optimizer, resume, <H>_ini (Sec. 6) ->
     -> clip -> optimizer step -> log -> checkpoint
 
     python train.py                                  # offline demo: GTPO, SmolLM2-135M, arithmetic
-    python train.py --model llama-8b --dataset gsm8k --lr 1e-6 --epochs 3 \
-        --batch_size 2 --generation_size 12 --use_gtpo  # the paper's run (Listing 1)
+    python train.py --model llama-8b --dataset gsm8k --use_gtpo     # the paper's run (Listing 1's defaults)
+    torchrun --nproc_per_node 2 train.py --model llama-8b --dataset gsm8k --use_gtpo   # on two GPUs
 """
 import dataclasses
 import math
