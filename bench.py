@@ -1,6 +1,6 @@
 """Benchmarks: the cost of every stage, printed as a table and written to bench.json.
 
-    python bench.py                     # all three parts on CPU (about 5 minutes on 2 cores)
+    python bench.py                     # all three parts on CPU (6.5 minutes on 2 cores)
     python bench.py --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
     python bench.py --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
 
@@ -556,7 +556,7 @@ def report_trl(args, res):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl (paper: ~13 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl (paper: 7 min, trl: 18 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
