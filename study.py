@@ -265,8 +265,8 @@ def load(run_id, base=None):
     rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
     evals = {f[5:-5]: runs.read_json(os.path.join(d, f)) for f in sorted(os.listdir(d))
              if f.startswith("eval-") and f.endswith(".json")}
-    files = {f[:-5]: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json",
-                                                                  "config.json") if os.path.isfile(os.path.join(d, f))}
+    files = {f: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json", "config.json")
+             if os.path.isfile(os.path.join(d, f))}
     return {"rl": [r for r in rows if r.get("phase") == "rl"], "evals": evals, **files}
 
 
@@ -284,6 +284,8 @@ def pass1(d, s, subset=None):
     c = e.get("per_problem_correct")
     if subset is None:
         return e["pass@k"]["1"], c
+    if not subset or c is None:
+        return None, None
     c = [c[p] for p in subset]
     return statistics.fmean(x / N_SAMPLES for x in c), c
 
@@ -564,8 +566,9 @@ def question_lines(rows):
 
 
 def cost_hours():
-    """Worker-hours spent on the current design's runs and evaluations (every attempt)."""
-    return sum(t["seconds"] for run_id, *_ in jobs() for d in [load(run_id)] if d
+    """Worker-hours spent on the current design's runs and evaluations (every attempt; an attempt's
+    paused_seconds, where the workers were stopped for other work, are not counted)."""
+    return sum(t["seconds"] - t.get("paused_seconds", 0) for run_id, *_ in jobs() for d in [load(run_id)] if d
                for ts in d.get("times.json", {}).values() for t in ts) / 3600
 
 

@@ -92,6 +92,9 @@ def _write_run(keep, run_id, acc, counts):
 def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "KEEP", str(tmp_path))
     monkeypatch.setattr(study, "V1", str(tmp_path / "v1"))
+    _write_run(tmp_path, "warmup-s1", [], [1, 0, 0, 0, 0])
+    study.report()                                                     # only a warm-up has finished
+    assert "| SFT warm-up (the start) | 1/3 |" in (tmp_path / "summary.md").read_text()
     for s in (1, 2, 3):                       # GTPO: one more correct sample per problem than GRPO, every run
         for name, extra in (("gtpo-a6", 1), ("gtpo-a9", 1), ("grpo-a6", 0), ("grpo-a9", 0), ("grpo-kl6", 0),
                             ("sft", 0)):
@@ -115,6 +118,7 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     study.report()
     text = (tmp_path / "summary.md").read_text()
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
+    assert "Worker-hours so far (every attempt, both workers summed): 3.17" in text     # 19 runs x 600 s
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished
