@@ -99,6 +99,10 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
         for name, extra in (("gtpo-a6", 1), ("gtpo-a9", 1), ("grpo-a6", 0), ("grpo-a9", 0), ("grpo-kl6", 0),
                             ("sft", 0)):
             _write_run(tmp_path, f"{name}-s{s}", [1.0 + extra] * 20, [2 + extra, 4 + extra, extra, extra, 0])
+    for name in ("gtpo-a6", "gtpo-a9", "grpo-a6", "grpo-a9"):
+        for s in (1, 2, 3):
+            (tmp_path / f"{name}-s{s}" / "conflicts.json").write_text(json.dumps(
+                {"format_share": 0.6, "format_share_of_tokens": 0.4, "conflict_share": 0.1}))
     rows = {}
     for r in study.question_rows():
         rows.setdefault((r["q"], r["metric"]), r)                      # the first row of each (question, metric)
@@ -118,6 +122,8 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     study.report()
     text = (tmp_path / "summary.md").read_text()
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
+    assert "Q5: conflict tokens are mostly format tokens (Sec. 4.1) — holds" in text
+    assert "| GTPO, Adam β 0.999999 | 3 | 0.60 0.60 0.60 | 0.40 0.40 0.40 |" in text
     assert "Worker-hours so far (every attempt, both workers summed): 3.17" in text     # 19 runs x 600 s
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
