@@ -128,3 +128,18 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished
+
+
+def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    for name in ("gtpo-long", "grpo-long"):
+        for s in (1, 2):
+            d = tmp_path / f"{name}-s{s}"
+            d.mkdir()
+            rows = [{"step": k, "phase": "rl", "rewards/format": 9.5 if name == "gtpo-long" or k < 20 else 5.0,
+                     "entropy": 0.4 if name == "gtpo-long" or k < 20 else 1.5} for k in range(1, 41)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / "config.json").write_text(json.dumps({"h_ini": 0.401}))
+    lines, rule = study.collapse_lines()
+    assert rule.startswith("holds") and len(lines) == 6
+    assert lines[2].startswith("| GTPO, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none |")
