@@ -143,6 +143,7 @@ class GTPOTrainer(GRPOTrainer):
             self.model.train(was_training)
         return gtpo.masked_mean(ent, out["completion_mask"], dim=1)                  # (n,)
 
+
 def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):
     """GTPOTrainer (or, with method="grpo", TRL's GRPOTrainer with the same settings) on the embedded
     model and the arithmetic task, offline on CPU, with the demo's recipe; kw overrides GRPOConfig fields."""
@@ -166,14 +167,16 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
                     adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
                     warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
     config, trainer = {"gtpo": (GTPOConfig, GTPOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[method]
-    return trainer(model=model, processing_class=tok, reward_funcs=[reward], args=config(**{**settings, **kw}), train_dataset=ds)
+    return trainer(model=model, processing_class=tok, reward_funcs=[reward], args=config(**{**settings, **kw}),
+                   train_dataset=ds)
 
 
 def main():
     import argparse
     p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
     p.add_argument("--max_steps", type=int, default=20)
-    p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo", help="grpo: TRL's GRPOTrainer, same settings")
+    p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo",
+                   help="grpo: TRL's GRPOTrainer with the same settings")
     p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
     a = p.parse_args()
     example_trainer(a.method, a.max_steps, a.output_dir).train()
