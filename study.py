@@ -533,8 +533,7 @@ def summary_lines():
             (f"OOD pass@1 ({len(ood)} solvable)", lambda d: pass1(d, "ood", ood)[0]),
             ("OOD pass@1 (all 48)", lambda d: pass1(d, "ood")[0]),
             ("ID pass@1 best ckpt", lambda d: pass1(d, "id-best")[0]),
-            ("train min/run", lambda d: sum(t["seconds"] for t in d.get("times.json", {}).get("train", [])) / 60
-             or None)]
+            ("train min/run", lambda d: sum(map(worked, d.get("times.json", {}).get("train", []))) / 60 or None)]
     head = ["config", "seeds"] + [c for c, _ in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, part, seeds, _, _ in [("warmup", "start", (1, 2, 3), None, None)] + RUNS:
@@ -565,10 +564,15 @@ def question_lines(rows):
     return lines
 
 
+def worked(attempt):
+    """An attempt's seconds of work: its wall time less paused_seconds, where the workers were stopped
+    (SIGSTOP) for other work."""
+    return attempt["seconds"] - attempt.get("paused_seconds", 0)
+
+
 def cost_hours():
-    """Worker-hours spent on the current design's runs and evaluations (every attempt; an attempt's
-    paused_seconds, where the workers were stopped for other work, are not counted)."""
-    return sum(t["seconds"] - t.get("paused_seconds", 0) for run_id, *_ in jobs() for d in [load(run_id)] if d
+    """Worker-hours spent on the current design's runs and evaluations (every attempt, worked())."""
+    return sum(worked(t) for run_id, *_ in jobs() for d in [load(run_id)] if d
                for ts in d.get("times.json", {}).values() for t in ts) / 3600
 
 

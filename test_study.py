@@ -143,3 +143,14 @@ def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
     lines, rule = study.collapse_lines()
     assert rule.startswith("holds") and len(lines) == 6
     assert lines[2].startswith("| GTPO, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none |")
+
+
+def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    _write_run(tmp_path, "gtpo-a6-s1", [1.0] * 20, [1, 0, 0, 0, 0])
+    (tmp_path / "gtpo-a6-s1" / "times.json").write_text(json.dumps({
+        "train": [{"seconds": 900.0, "finished": True, "workers": 2, "paused_seconds": 300}],
+        "eval-id": [{"seconds": 1200.0, "finished": True, "workers": 2}]}))
+    assert study.cost_hours() == pytest.approx((600 + 1200) / 3600)
+    row = next(line for line in study.summary_lines() if line.startswith("| GTPO, Adam β 0.999999 |"))
+    assert row.endswith("| 10.0 ± 0.0 |")                               # train minutes: 600 s worked
