@@ -59,6 +59,7 @@ EVALS = {"id": ["--dataset", "arithmetic", "--split", "test", "--limit", "64"],
          "ood": ["--dataset", "arithmetic", "--split", "reworded", "--limit", "48"]}
 EVAL_COMMON = ["--n_samples", "8", "--batch_size", "64", "--seed", "0", "--max_completion_length", "96"]
 N_SAMPLES = 8
+KL_PROBE = (16, 2)                      # `kl`: ID problems and samples each at every checkpoint (drift below)
 
 RUNS = [  # name        part    seeds      flags after COMMON              evaluations
     ("gtpo-a6",   "main", (1, 2, 3), ["--use_gtpo", *A6],             ("id", "ood")),   # the paper's GTPO
@@ -67,8 +68,8 @@ RUNS = [  # name        part    seeds      flags after COMMON              evalu
     ("grpo-a9",   "main", (1, 2, 3), ["--use_grpo", *A9],             ("id", "ood")),   # the paper's GRPO, beta 0
     ("grpo-kl6",  "main", (1, 2, 3), ["--use_grpo", "--beta", "1e-6", *A9], ("id", "ood")),  # Fig. 2's beta 1e-6
     ("sft",       "main", (1, 2, 3), ["--use_sft"],                   ("id", "ood")),   # Listing 1: 1 prompt/step
-    ("gtpo-long", "long", (1, 2),    ["--use_gtpo", *A9, *LONG],      ("id", "id-best")),
-    ("grpo-long", "long", (1, 2),    ["--use_grpo", *A9, *LONG],      ("id", "id-best")),
+    ("gtpo-long", "long", (1, 2),    ["--use_gtpo", *A9, *LONG],      ("id", "id-best", "kl")),
+    ("grpo-long", "long", (1, 2),    ["--use_grpo", *A9, *LONG],      ("id", "id-best", "kl")),
 ]
 NAMES = {"gtpo-a6": "GTPO, Adam β 0.999999", "gtpo-a9": "GTPO, Adam β (0.9, 0.95)",
          "grpo-a6": "GRPO β=0, Adam β 0.999999", "grpo-a9": "GRPO β=0, Adam β (0.9, 0.95)",
@@ -181,7 +182,8 @@ def best_checkpoint(rows, steps):
 
 
 def evaluate(run_id, out, evals, shard, threads):
-    """eval.py on each of the run's sets (resuming what is there); results to study/<run>/eval-<set>.json."""
+    """eval.py on each of the run's sets (resuming what is there), or `kl`, its drift from the start;
+    results to study/<run>/eval-<set>.json."""
     for name in evals:
         keep = os.path.join(KEEP, run_id, f"eval-{name}.json")
         if os.path.isfile(keep):
@@ -195,13 +197,63 @@ def evaluate(run_id, out, evals, shard, threads):
                                                                       "window": BEST_WINDOW})
             adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
-        argv = [sys.executable, "eval.py", "--adapter", adapter, *EVALS[name.split("-")[0]], *EVAL_COMMON,
-                "--output_dir", dest]
+        if name == "kl":
+            argv = [sys.executable, "study.py", "--kl", run_id]
+        else:
+            argv = [sys.executable, "eval.py", "--adapter", adapter, *EVALS[name.split("-")[0]], *EVAL_COMMON,
+                    "--output_dir", dest]
         if os.path.isfile(os.path.join(dest, "samples.jsonl")):
             argv.append("--resume")
         attempt(run_id, f"eval-{name}", argv, os.path.join(out, "eval.log"), os.path.join(dest, "results.json"),
                 shard, threads)
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
+
+
+def mean_kl_k3(logprobs, start_logprobs, mask):
+    """Mean over completion tokens of the k3 estimate of KL(pi || pi_start), exp(d) - d - 1 with
+    d = log pi_start - log pi (Eq. 1's KL term): unbiased on tokens sampled from pi itself.
+    logprobs, start_logprobs, mask (N, L) -> float."""
+    d = start_logprobs - logprobs                                         # (N, L)
+    k3 = d.exp() - d - 1                                                  # (N, L)
+    return float((k3 * mask).sum() / mask.sum())
+
+
+def drift(run_id):
+    """`kl` for a long run: KL(pi_c || pi_start) at the start and at each checkpoint c, from the
+    completions pi_c samples for the first KL_PROBE[0] ID problems (KL_PROBE[1] each, the same seed
+    at every checkpoint); pi_start is the warm-up the run began from (train.py --init_from). Beta = 0
+    runs compute no KL while training; this measures how far each moved.
+    -> runs/study/<run>/eval-kl/results.json."""
+    import torch
+    from data import format_prompt, load_task, one_shot_example
+    from eval import load_eval_model
+    from logprobs import sequence_logprobs
+    from rollout import rollout
+    out = os.path.join(WORK, run_id)
+    cfg = runs.read_json(os.path.join(out, "config.json"))
+    n_problems, n_samples = KL_PROBE
+    example = one_shot_example(load_task("arithmetic", "train")[0])          # eval.py's one-shot example
+    start, tok = load_eval_model(cfg["model"], cfg["init_from"], "cpu", False)
+    prompts = [format_prompt(tok, r["question"], example) for r in load_task("arithmetic", "test")[:n_problems]]
+    saved = {int(d.split("-")[1]): os.path.join(out, d) for d in os.listdir(out) if d.startswith("checkpoint-")}
+    points = []
+    for step, adapter in sorted({0: cfg["init_from"], **saved}.items()):     # step 0, the start: 0 exactly
+        policy, _ = load_eval_model(cfg["model"], adapter, "cpu", False)
+        torch.manual_seed(0)
+        ro = rollout(policy, tok, prompts, n_samples, cfg["max_completion_length"], temperature=1.0)
+        batch = ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(policy, *batch, with_entropy=False)              # (N, L)
+            start_logp, _ = sequence_logprobs(start, *batch, with_entropy=False)         # (N, L)
+        mask = ro.completion_mask.float()                                                # (N, L)
+        points.append({"step": step, "kl": mean_kl_k3(logp, start_logp, mask), "tokens": int(mask.sum())})
+        print(f"{run_id} checkpoint-{step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} "
+              f"tokens", flush=True)
+    dest = os.path.join(out, "eval-kl")
+    os.makedirs(dest, exist_ok=True)
+    runs.write_json(os.path.join(dest, "results.json"), {
+        "points": points, "estimator": "k3, completions sampled from each checkpoint (temperature 1)",
+        "problems": n_problems, "samples_per_problem": n_samples, "start": cfg["init_from"]})
 
 
 def wait_for(path):
@@ -462,9 +514,10 @@ def collapse_step(rows):
 
 
 def collapse_lines():
-    """Q4: per long run, <H>_ini, first and last formatting / entropy, and its collapse step."""
+    """Q4: per long run, <H>_ini, first and last formatting / entropy, its collapse step and its
+    KL to the start (drift)."""
     lines = ["| run | <H>_ini of its start | format % first 10 → last 10 | entropy first 10 → last 10 | "
-             "collapse step |", "|---|---|---|---|---|"]
+             "collapse step | KL to the start at its last checkpoint |", "|---|---|---|---|---|---|"]
     found = {}
     h_ini = {s: load(f"gtpo-long-s{s}") for s in seeds_of("gtpo-long", None)}
     for name in ("gtpo-long", "grpo-long"):
@@ -480,6 +533,8 @@ def collapse_lines():
             lines[-1] += (f" {statistics.fmean(fmt[:w]):.1f} → {statistics.fmean(fmt[-w:]):.1f} | "
                           f"{statistics.fmean(ent[:w]):.3f} → {statistics.fmean(ent[-w:]):.3f} | "
                           f"{found[(name, s)] or 'none'} |")
+            kl = d["evals"].get("kl")
+            lines[-1] += f" {kl['points'][-1]['kl']:.3f} (step {kl['points'][-1]['step']}) |" if kl else " – |"
     if len(found) < 4:
         return lines, "not finished"
     g = [found[("gtpo-long", s)] for s in (1, 2)]
@@ -601,17 +656,22 @@ def paired_seeds(names, base=None):
 
 
 PANELS = [("rewards/format", 10.0, "formatting (% of 10 points)"), ("rewards/accuracy", 10.0, "accuracy (% of 10)"),
-          ("entropy", 1.0, "mean token entropy <H> (nats)"), ("gtpo/conflict_frac", 1.0, "conflict tokens / tokens")]
+          ("entropy", 1.0, "mean token entropy <H> (nats)"),
+          ("gtpo/conflict_frac", 1.0, "conflict tokens / tokens (logged by GTPO only)")]
 
 
-def plot_curves(names, title, path, smooth, base=None, labels=None):
+def plot_curves(names, title, path, smooth, base=None, labels=None, kl=False):
+    """PANELS per RL step for each configuration, the mean over paired seeds; kl: one more panel, the
+    drift from the start at each checkpoint (the `kl` evaluation)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     seeds = paired_seeds(names, base)
+    if kl:
+        seeds = [s for s in seeds if all(load(f"{n}-s{s}", base)["evals"].get("kl") for n in names)]
     if not seeds:
         return False
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
+    fig, axes = plt.subplots(1, len(PANELS) + kl, figsize=(4.2 * (len(PANELS) + kl), 3.8))
     for i, name in enumerate(names):
         color, ls = STYLE.get(name, (f"C{i}", "-"))
         rows = [load(f"{name}-s{s}", base)["rl"] for s in seeds]
@@ -624,6 +684,17 @@ def plot_curves(names, title, path, smooth, base=None, labels=None):
             per_step = [statistics.fmean(c[j] for c in curves) for j in range(n)]
             ax.plot(steps, trailing(per_step, smooth), color=color, ls=ls, lw=1.6,
                     label=(labels or NAMES).get(name, name))
+        if kl:
+            points = [load(f"{name}-s{s}", base)["evals"]["kl"]["points"] for s in seeds]
+            axes[-1].plot([p["step"] for p in points[0]], [statistics.fmean(p[j]["kl"] for p in points)
+                                                           for j in range(len(points[0]))],
+                          color=color, ls=ls, lw=1.6, marker="o", ms=3)
+    if kl:
+        probe = load(f"{names[0]}-s{seeds[0]}", base)["evals"]["kl"]
+        axes[-1].set_title(f"KL(π || start), k3 on {probe['problems'] * probe['samples_per_problem']} samples "
+                           f"per checkpoint", fontsize=9)
+        axes[-1].set_xlabel("RL step (checkpoints)", fontsize=9)
+        axes[-1].grid(alpha=0.3)
     for ax, (key, _, ylabel) in zip(axes, PANELS):
         ax.set_xlabel("RL step", fontsize=9)
         ax.set_title(ylabel, fontsize=9)
@@ -683,7 +754,7 @@ def report():
     plots = [("curves-main.png", lambda p: plot_curves([n for n, q, *_ in RUNS if q == "main" and n != "sft"],
                                                         "GTPO vs GRPO β=0 under both Adam settings", p, 5)),
              ("curves-long.png", lambda p: plot_curves(["gtpo-long", "grpo-long"], "200 steps from <H>_ini < ln 2",
-                                                       p, 10)),
+                                                       p, 10, kl=True)),
              ("passk.png", plot_passk),
              ("v1/curves-ablation.png", lambda p: plot_curves(list(V1_LABELS), "First design's ablations", p, 5,
                                                               V1, V1_LABELS))]
@@ -697,7 +768,10 @@ def main(argv=None):
     p.add_argument("--shard", default="0/1", metavar="K/N", help="run jobs K, K+N, K+2N, ... (N workers)")
     p.add_argument("--list", action="store_true", help="the run table and the state of each run")
     p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
+    p.add_argument("--kl", metavar="RUN", help="(a worker's job) a long run's KL to its start at each checkpoint")
     args = p.parse_args(argv)
+    if args.kl:
+        return drift(args.kl)
     try:
         k, n = (int(x) for x in args.shard.split("/"))
         assert 0 <= k < n

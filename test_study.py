@@ -76,6 +76,20 @@ def test_best_checkpoint_is_the_highest_reward_window():
     assert study.best_checkpoint(rows, [25, 50, 75, 100]) == (50, 1.0)
 
 
+def test_k3_on_the_policys_own_samples_estimates_kl_to_the_start_not_the_reverse():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.97, 0.01, 0.01, 0.01])                         # the policy, peaked
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25])                         # the start
+    tokens = torch.multinomial(p, 200_000, replacement=True, generator=g).view(400, 500)   # (N, L) from p
+    mask = torch.ones(tokens.shape)
+    mask[:, 450:] = 0                                                  # padding is left out
+    got = study.mean_kl_k3(p.log()[tokens], q.log()[tokens], mask)
+    kl_pq, kl_qp = float((p * (p / q).log()).sum()), float((q * (q / p).log()).sum())
+    assert abs(got - kl_pq) < 0.03 and kl_qp - kl_pq > 0.8             # 1.22 vs 2.08 nats
+    assert study.mean_kl_k3(p.log()[tokens], p.log()[tokens], mask) == 0.0
+
+
 def _write_run(keep, run_id, acc, counts):
     d = keep / run_id
     d.mkdir(parents=True)
@@ -140,9 +154,13 @@ def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
                      "entropy": 0.4 if name == "gtpo-long" or k < 20 else 1.5} for k in range(1, 41)]
             (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             (d / "config.json").write_text(json.dumps({"h_ini": 0.401}))
+            (d / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0}, {"step": 40, "kl": s / 10}],
+                                                        "problems": 16, "samples_per_problem": 2}))
     lines, rule = study.collapse_lines()
     assert rule.startswith("holds") and len(lines) == 6
-    assert lines[2].startswith("| GTPO, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none |")
+    assert lines[2] == "| GTPO, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none | 0.100 (step 40) |"
+    assert lines[5].startswith("| GRPO β=0, seed 2 |") and lines[5].endswith("| 0.200 (step 40) |")
+    assert study.plot_curves(["gtpo-long", "grpo-long"], "long", str(tmp_path / "long.png"), 10, kl=True)
 
 
 def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
