@@ -8,8 +8,9 @@ ln 2); every run of that seed starts from it (train.py --init_from) with the sam
 Each run's adapters are evaluated with eval.py on the sets its line names: `id`, the first 64
 problems of the arithmetic test split; `ood`, the first 48 of the `reworded` split (the same sums in
 sentences training never shows); `id-best`, the ID set on the checkpoint with the highest mean
-training reward over the steps since the previous one (BEST_WINDOW). Same n, k and sampling seed
-for every model; each problem's correct count is kept (eval.py's per_problem_correct).
+training reward over the steps since the previous one (BEST_WINDOW); `kl`, a long run's KL to its
+start at every checkpoint (drift). Same n, k and sampling seed for every model; each problem's
+correct count is kept (eval.py's per_problem_correct).
 
 Resumable at every level, any number of times: finished steps are skipped, an interrupted training
 continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
@@ -247,8 +248,8 @@ def drift(run_id):
             start_logp, _ = sequence_logprobs(start, *batch, with_entropy=False)         # (N, L)
         mask = ro.completion_mask.float()                                                # (N, L)
         points.append({"step": step, "kl": mean_kl_k3(logp, start_logp, mask), "tokens": int(mask.sum())})
-        print(f"{run_id} checkpoint-{step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} "
-              f"tokens", flush=True)
+        print(f"{run_id} step {step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} tokens",
+              flush=True)
     dest = os.path.join(out, "eval-kl")
     os.makedirs(dest, exist_ok=True)
     runs.write_json(os.path.join(dest, "results.json"), {
