@@ -74,11 +74,11 @@ RUNS = [  # name        part    seeds      flags after COMMON              evalu
 ]
 NAMES = {"gtpo-a6": "GTPO, Adam β 0.999999", "gtpo-a9": "GTPO, Adam β (0.9, 0.95)",
          "grpo-a6": "GRPO β=0, Adam β 0.999999", "grpo-a9": "GRPO β=0, Adam β (0.9, 0.95)",
-         "grpo-kl6": "GRPO β=1e-6, Adam β (0.9, 0.95)", "sft": "SFT", "gtpo-long": "GTPO", "grpo-long": "GRPO β=0",
-         "warmup": "SFT warm-up (the start)"}
+         "grpo-kl6": "GRPO β=1e-6, Adam β (0.9, 0.95)", "sft": "SFT",
+         "gtpo-long": "GTPO, 200 steps", "grpo-long": "GRPO β=0, 200 steps", "warmup": "SFT warm-up (the start)"}
 STYLE = {"gtpo-a6": ("tab:blue", "-"), "gtpo-a9": ("tab:blue", "--"), "grpo-a6": ("tab:orange", "-"),
-         "grpo-a9": ("tab:orange", "--"), "grpo-kl6": ("tab:red", "--"), "sft": ("tab:green", "-"), "gtpo-long": ("tab:blue", "-"),
-         "grpo-long": ("tab:orange", "-")}
+         "grpo-a9": ("tab:orange", "--"), "grpo-kl6": ("tab:red", "--"), "sft": ("tab:green", "-"),
+         "gtpo-long": ("tab:blue", "-"), "grpo-long": ("tab:orange", "-")}
 
 
 def jobs():

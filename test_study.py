@@ -158,8 +158,8 @@ def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
                                                         "problems": 16, "samples_per_problem": 2}))
     lines, rule = study.collapse_lines()
     assert rule.startswith("holds") and len(lines) == 6
-    assert lines[2] == "| GTPO, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none | 0.100 (step 40) |"
-    assert lines[5].startswith("| GRPO β=0, seed 2 |") and lines[5].endswith("| 0.200 (step 40) |")
+    assert lines[2] == "| GTPO, 200 steps, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none | 0.100 (step 40) |"
+    assert lines[5].startswith("| GRPO β=0, 200 steps, seed 2 |") and lines[5].endswith("| 0.200 (step 40) |")
     assert study.plot_curves(["gtpo-long", "grpo-long"], "long", str(tmp_path / "long.png"), 10, kl=True)
 
 
