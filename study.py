@@ -642,7 +642,7 @@ def write_summary():
         f"## Q4: collapse over 200 steps — {q4_rule}", ""] + q4 + [
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
-        "", f"Worker-hours so far (every attempt, both workers summed): {cost_hours():.2f}"]
+        "", f"Worker-hours (every attempt, both workers summed): {cost_hours():.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule})
     print("\n".join(lines))

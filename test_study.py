@@ -138,7 +138,7 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
     assert "Q5: conflict tokens are mostly format tokens (Sec. 4.1) — holds" in text
     assert "| GTPO, Adam β 0.999999 | 3 | 0.60 0.60 0.60 | 0.40 0.40 0.40 |" in text
-    assert "Worker-hours so far (every attempt, both workers summed): 3.17" in text     # 19 runs x 600 s
+    assert "Worker-hours (every attempt, both workers summed): 3.17" in text     # 19 runs x 600 s
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished
