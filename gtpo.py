@@ -10,6 +10,7 @@ tensors, so each one can be read next to its equation and tested on its own.
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
     entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), as the released code does it
     gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i (1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t}
+    kl_k3              Eq. 1           exp(ref - logp) - (ref - logp) - 1, per token
     grpo_loss          Eq. 1           PPO-clipped surrogate - beta * KL (k3), the baseline
 
 Shapes: N completions (N = prompts x G), L completion positions, V vocabulary.
@@ -18,7 +19,7 @@ import torch
 
 __all__ = [
     "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "conflict_weights",
-    "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "grpo_loss",
+    "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "kl_k3", "grpo_loss",
 ]
 
 
@@ -254,12 +255,19 @@ def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None):
     return loss, metrics
 
 
+def kl_k3(logprobs, ref_logprobs):
+    """KL(pi || pi_ref) per token, the k3 estimate of Eq. 1's KL term: exp(d) - d - 1 with
+    d = ref - logp (http://joschu.net/blog/kl-approx.html); unbiased, and >= 0 token by token, on
+    tokens sampled from pi itself. logprobs, ref_logprobs (N, L) -> (N, L)."""
+    d = ref_logprobs - logprobs                                     # (N, L)
+    return torch.exp(d) - d - 1
+
+
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, clip_eps=0.2):
     """GRPO loss, Eq. 1 (Shao et al. 2024), the baseline.
 
     Per token: -[min(r A, clip(r, 1-eps, 1+eps) A) - beta * KL_k3], with
-    r = exp(logp - old_logp) and KL_k3 = exp(ref - logp) - (ref - logp) - 1
-    (http://joschu.net/blog/kl-approx.html); mean over each completion's real
+    r = exp(logp - old_logp) and KL_k3 = kl_k3(logp, ref); mean over each completion's real
     tokens, then over completions. old_logprobs=None is the one-iteration case
     (old = logp.detach(), r == 1). ref_logprobs=None or beta=0 drops the KL term.
     logprobs, old_logprobs, ref_logprobs, mask (N, L); advantages (N,).
@@ -274,8 +282,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, 
     per_token = -torch.min(ratio * adv, clipped * adv)              # (N, L)
     metrics = {}
     if ref_logprobs is not None:
-        d = ref_logprobs - logprobs                                 # (N, L)
-        kl = torch.exp(d) - d - 1
+        kl = kl_k3(logprobs, ref_logprobs)                          # (N, L)
         metrics["kl"] = masked_mean(kl.detach(), mask)
         if beta:
             per_token = per_token + beta * kl

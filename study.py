@@ -210,15 +210,6 @@ def evaluate(run_id, out, evals, shard, threads):
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
 
 
-def mean_kl_k3(logprobs, start_logprobs, mask):
-    """Mean over completion tokens of the k3 estimate of KL(pi || pi_start), exp(d) - d - 1 with
-    d = log pi_start - log pi (Eq. 1's KL term): unbiased on tokens sampled from pi itself.
-    logprobs, start_logprobs, mask (N, L) -> float."""
-    d = start_logprobs - logprobs                                         # (N, L)
-    k3 = d.exp() - d - 1                                                  # (N, L)
-    return float((k3 * mask).sum() / mask.sum())
-
-
 def drift(run_id):
     """`kl` for a long run: KL(pi_c || pi_start) at the start and at each checkpoint c, from the
     completions pi_c samples for the first KL_PROBE[0] ID problems (KL_PROBE[1] each, the same seed
@@ -228,6 +219,7 @@ def drift(run_id):
     import torch
     from data import format_prompt, load_task, one_shot_example
     from eval import load_eval_model
+    from gtpo import kl_k3, masked_mean
     from logprobs import sequence_logprobs
     from rollout import rollout
     out = os.path.join(WORK, run_id)
@@ -246,8 +238,8 @@ def drift(run_id):
         with torch.no_grad():
             logp, _ = sequence_logprobs(policy, *batch, with_entropy=False)              # (N, L)
             start_logp, _ = sequence_logprobs(start, *batch, with_entropy=False)         # (N, L)
-        mask = ro.completion_mask.float()                                                # (N, L)
-        points.append({"step": step, "kl": mean_kl_k3(logp, start_logp, mask), "tokens": int(mask.sum())})
+        kl = masked_mean(kl_k3(logp, start_logp), ro.completion_mask)                   # over real tokens
+        points.append({"step": step, "kl": float(kl), "tokens": int(ro.completion_mask.sum())})
         print(f"{run_id} step {step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} tokens",
               flush=True)
     dest = os.path.join(out, "eval-kl")

@@ -8,7 +8,7 @@ import torch
 
 import gtpo
 from gtpo import (batch_conflict_weights, conflict_weights, entropy_gate, group_advantages,
-                 grpo_loss, gtpo_loss, masked_mean, token_entropy, token_logprobs)
+                 grpo_loss, gtpo_loss, kl_k3, masked_mean, token_entropy, token_logprobs)
 
 
 def pad(rows, fill=0):
@@ -435,3 +435,16 @@ def test_vectorised_conflict_spans_equal_the_token_by_token_definition():
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), (ids, mask, adv)
         hits += int(slow[0].any() or slow[1].any())
     assert hits > 100                                               # the cases are not all empty
+
+
+def test_kl_k3_on_the_policys_own_samples_estimates_kl_to_the_reference_not_the_reverse():
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.97, 0.01, 0.01, 0.01])                         # the policy, peaked
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25])                         # the reference
+    tokens = torch.multinomial(p, 200_000, replacement=True, generator=g).view(400, 500)   # (N, L) from p
+    mask = torch.ones(tokens.shape)
+    mask[:, 450:] = 0                                                  # padding is left out
+    got = float(masked_mean(kl_k3(p.log()[tokens], q.log()[tokens]), mask))
+    kl_pq, kl_qp = float((p * (p / q).log()).sum()), float((q * (q / p).log()).sum())
+    assert abs(got - kl_pq) < 0.03 and kl_qp - kl_pq > 0.8             # 1.22 vs 2.08 nats
+    assert float(masked_mean(kl_k3(p.log()[tokens], p.log()[tokens]), mask)) == 0.0
