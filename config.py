@@ -54,7 +54,9 @@ class Config:
     adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9]", type=float)
     adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95]", type=float)
     weight_decay: float = flag(0.1, "AdamW weight decay")
-    warmup_ratio: float = flag(0.005, "linear warm-up fraction of a cosine schedule")
+    warmup_ratio: float = flag(0.005, "linear warm-up fraction of the schedule")
+    lr_scheduler: str = flag("cosine", "after the warm-up: cosine decay to 0 (Listing 1) or constant",
+                             choices=["cosine", "constant"])
     max_grad_norm: float = flag(0.1, "gradient clipping norm")
     lora_rank: int = flag(None, "LoRA rank on q,k,v,o,gate,up,down; 0 = full fine-tuning "
                           "[default: Llama 128, Qwen and others 64, demo 32]", type=int)

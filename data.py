@@ -7,7 +7,8 @@ where `answer` is the reference final answer and `solution` the worked solution
      with the upstream field names -- the layout of ../shared/data;
   2. the Hugging Face Hub;
   3. a path to any local *.jsonl file given as `name`.
-`arithmetic` is generated here from a seed and needs no file at all.
+`arithmetic` (and `arithmetic-hard`, its larger numbers) is generated here from a seed and needs
+no file at all.
 
     python data.py --export DIR     # writes DIR/<name>/<split>.jsonl from the Hub, for GTPO_DATA_DIR=DIR
 """
@@ -32,7 +33,7 @@ HUB = {
     "aime24": ("math-ai/aime24", [None], {}),
     "amc23": ("math-ai/amc23", [None], {}),
 }
-TASKS = sorted(HUB) + ["arithmetic"]
+TASKS = sorted(HUB) + ["arithmetic", "arithmetic-hard"]
 
 
 class DataError(ValueError):
@@ -148,12 +149,15 @@ def arithmetic_task(split="train", n=None, seed=0):
     more and gives 3 away. How many apples does Ava have now?" -> "9", with a worked
     solution. train and test use disjoint seeds. Two out-of-distribution splits: "hard", the same
     four kinds with larger numbers (a 21-99, b 2-25 instead of 2-20 and 2-12), and "reworded", the
-    same four kinds and numbers in sentences the train split never uses."""
-    n = n if n is not None else {"train": 2000, "test": 200}.get(split, 200)
+    same four kinds and numbers in sentences the train split never uses. "hard-train", the larger
+    numbers for training (the `arithmetic-hard` task), never repeats a question of "hard"."""
+    n = n if n is not None else {"train": 2000, "test": 200, "hard-train": 2000}.get(split, 200)
     rng = random.Random(f"arithmetic-{split}-{seed}")
     # other splits never repeat a question of the (default-size) train split
     exclude = set() if split == "train" else {r["question"] for r in arithmetic_task("train", seed=seed)}
-    (a_lo, a_hi), b_hi = ((21, 99), 25) if split == "hard" else ((2, 20), 12)
+    if split == "hard-train":
+        exclude |= {r["question"] for r in arithmetic_task("hard", seed=seed)}
+    (a_lo, a_hi), b_hi = ((21, 99), 25) if split.startswith("hard") else ((2, 20), 12)
     reworded = split == "reworded"
     out = []
     while len(out) < n:
@@ -236,6 +240,8 @@ def load_task(name, split="train", data_dir=None):
     """
     if name == "arithmetic":
         return arithmetic_task(split)
+    if name == "arithmetic-hard":                       # train on larger numbers, test on the "hard" split
+        return arithmetic_task({"train": "hard-train", "test": "hard"}.get(split, split))
     if name.endswith(".jsonl") or os.sep in name:
         if not os.path.isfile(name):
             raise DataError(f"dataset file {name!r} does not exist; give a path to a .jsonl file "

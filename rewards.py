@@ -28,7 +28,7 @@ import torch
 
 FORMAT_FULL, FORMAT_PARTIAL, CORRECT = 10.0, 1.0, 10.0
 TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
-NUMERIC_TASKS = {"gsm8k", "aime24", "amc23", "arithmetic"}
+NUMERIC_TASKS = {"gsm8k", "aime24", "amc23", "arithmetic", "arithmetic-hard"}
 LATEX_TASKS = {"math", "math500"}
 MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
 LATEX_TIMEOUT = 2.0             # seconds for one math-verify comparison, then its process is killed

@@ -72,6 +72,55 @@ RUNS = [  # name        part    seeds      flags after COMMON              evalu
     ("gtpo-long", "long", (1, 2),    ["--use_gtpo", *A9, *LONG],      ("id", "id-best", "kl")),
     ("grpo-long", "long", (1, 2),    ["--use_grpo", *A9, *LONG],      ("id", "id-best", "kl")),
 ]
+# the collapse part (docs/study.md, "Part 3"): a pilot ladder on a seed of its own finds where GRPO
+# collapses; the test then runs GTPO and GRPO there on fresh seeds. Each rung: (name, dataset, lr).
+COLLAPSE = ["--use_gtpo", *A9, "--max_steps", "100", "--save_steps", "25", "--lr_scheduler", "constant",
+            "--max_grad_norm", "1.0"]                             # --use_gtpo: replaced per method below
+LADDER = [("r1", "arithmetic", "5e-4"), ("r2", "arithmetic", "1e-3"), ("r3", "arithmetic-hard", "1e-3"),
+          ("r4", "arithmetic-hard", "2e-3"), ("r5", "arithmetic-hard", "5e-3")]
+PILOT_SEED, TEST_SEEDS = 11, (21, 22, 23, 24, 25)
+COLLAPSE_WARMUP = ("warmup-collapse", WARMUPS["long"][1])          # the long part's 32-step warm-up
+
+
+def rung_flags(method, dataset, lr):
+    return COMMON + ["--use_" + method, *COLLAPSE[1:], "--dataset", dataset, "--lr", lr]
+
+
+def chosen_rung():
+    """The first rung (in LADDER's order) whose pilot GRPO run collapsed, by the committed files;
+    None while no finished pilot GRPO run has."""
+    for name, _, _ in LADDER:
+        d = load(f"pilot-{name}-grpo-s{PILOT_SEED}")
+        if d is not None and collapse_step(d["rl"], d.get("diverged.json")) is not None:
+            return name
+    return None
+
+
+def collapse_jobs():
+    """The collapse part's jobs: warm-ups, the pilot's rungs (GRPO and GTPO on PILOT_SEED), then --
+    once chosen_rung() names a rung -- the test's runs on TEST_SEEDS."""
+    w, flags = COLLAPSE_WARMUP
+    out = [(f"{w}-s{PILOT_SEED}", flags, PILOT_SEED, None, ())]
+    out += [(f"pilot-{name}-{m}-s{PILOT_SEED}", rung_flags(m, ds, lr), PILOT_SEED, f"{w}-s{PILOT_SEED}", ())
+            for name, ds, lr in LADDER for m in ("grpo", "gtpo")]
+    rung = chosen_rung()
+    if rung is not None:
+        _, ds, lr = next(r for r in LADDER if r[0] == rung)
+        out += [(f"{w}-s{s}", flags, s, None, ()) for s in TEST_SEEDS]
+        out += [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}", ("rung", "rung-precollapse"))
+                for s in TEST_SEEDS for m in ("grpo", "gtpo")]
+    return out
+
+
+def pilot_skipped(run_id):
+    """A pilot rung after the chosen one is not run (the ladder stops at the first collapse)."""
+    rung = chosen_rung()
+    if rung is None or not run_id.startswith("pilot-"):
+        return False
+    names = [name for name, _, _ in LADDER]
+    return names.index(run_id.split("-")[1]) > names.index(rung)
+
+
 NAMES = {"gtpo-a6": "GTPO, Adam β 0.999999", "gtpo-a9": "GTPO, Adam β (0.9, 0.95)",
          "grpo-a6": "GRPO β=0, Adam β 0.999999", "grpo-a9": "GRPO β=0, Adam β (0.9, 0.95)",
          "grpo-kl6": "GRPO β=1e-6, Adam β (0.9, 0.95)", "sft": "SFT",
@@ -82,14 +131,15 @@ STYLE = {"gtpo-a6": ("tab:blue", "-"), "gtpo-a9": ("tab:blue", "--"), "grpo-a6":
 
 
 def jobs():
-    """(run id, flags, seed, warm-up run id or None, evaluations) in order: warm-ups, main, long."""
+    """(run id, flags, seed, warm-up run id or None, evaluations) in order: warm-ups, main, long,
+    collapse (collapse_jobs)."""
     out = [(f"{w}-s{s}", flags, s, None, evals) for part, (w, flags, evals) in WARMUPS.items()
            for s in sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})]
     for part in WARMUPS:
         seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
         out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
                 for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
-    return out
+    return out + collapse_jobs()
 
 
 # -----------------------------------------------------------------------------
@@ -156,7 +206,11 @@ def train(run_id, flags, seed, start, shard, threads):
         if os.path.isfile(os.path.join(out, "config.json")):
             argv.append("--resume")
         os.makedirs(out, exist_ok=True)
-        attempt(run_id, "train", argv, os.path.join(out, "train.log"), os.path.join(out, "final"), shard, threads)
+        try:
+            attempt(run_id, "train", argv, os.path.join(out, "train.log"), os.path.join(out, "final"), shard, threads)
+        except SystemExit:
+            if not diverged(run_id, out):
+                raise
     keep = os.path.join(KEEP, run_id)
     os.makedirs(keep, exist_ok=True)
     if start is None:                                   # a warm-up: keep its fingerprint
@@ -170,6 +224,20 @@ def train(run_id, flags, seed, start, shard, threads):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
+
+
+def diverged(run_id, out):
+    """train.py stopped the run on consecutive non-finite losses (its exit 1, train.log's last error):
+    record study/<run>/diverged.json with the last logged step -> whether it did."""
+    with open(os.path.join(out, "train.log")) as f:
+        tail = f.read()[-4000:]
+    if "consecutive steps had a non-finite loss" not in tail:
+        return False
+    rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
+    os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
+    runs.write_json(os.path.join(KEEP, run_id, "diverged.json"), {"step": rows[-1]["step"] if rows else 0})
+    print(f"{run_id} diverged (non-finite losses) at step {rows[-1]['step'] if rows else 0}", flush=True)
+    return True
 
 
 def best_checkpoint(rows, steps):
@@ -190,6 +258,11 @@ def evaluate(run_id, out, evals, shard, threads):
         if os.path.isfile(keep):
             continue
         adapter = os.path.join(out, "final")
+        if name.startswith("rung"):                     # the collapse test: the rung's own test split
+            adapter, same = rung_adapter(run_id, out, name)
+            if same:                                    # the pre-collapse checkpoint is the final adapter
+                shutil.copyfile(os.path.join(KEEP, run_id, f"eval-{same}.json"), keep)
+                continue
         if name.endswith("-best"):
             rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
             saved = [int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")]
@@ -200,6 +273,10 @@ def evaluate(run_id, out, evals, shard, threads):
         dest = os.path.join(out, f"eval-{name}")
         if name == "kl":
             argv = [sys.executable, "study.py", "--kl", run_id]
+        elif name.startswith("rung"):
+            ds = runs.read_json(os.path.join(out, "config.json"))["dataset"]
+            argv = [sys.executable, "eval.py", "--adapter", adapter, "--dataset", ds, "--split", "test", "--limit",
+                    "64", "--one_shot_from", ds, *EVAL_COMMON, "--output_dir", dest]
         else:
             argv = [sys.executable, "eval.py", "--adapter", adapter, *EVALS[name.split("-")[0]], *EVAL_COMMON,
                     "--output_dir", dest]
@@ -208,6 +285,26 @@ def evaluate(run_id, out, evals, shard, threads):
         attempt(run_id, f"eval-{name}", argv, os.path.join(out, "eval.log"), os.path.join(dest, "results.json"),
                 shard, threads)
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
+
+
+def rung_adapter(run_id, out, name):
+    """The adapter a collapse-test evaluation reads -> (folder, None), or (None, "rung") when it is
+    the one `rung` already evaluated. `rung`: final/ (a diverged run's last checkpoint);
+    `rung-precollapse`: the last checkpoint saved before the collapse step (the warm-up if none)."""
+    saved = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+    last = os.path.join(out, "final") if os.path.isdir(os.path.join(out, "final")) else \
+        os.path.join(out, f"checkpoint-{saved[-1]}")
+    if name == "rung":
+        return last, None
+    d = load(run_id)
+    step = collapse_step(d["rl"], d.get("diverged.json"))
+    before = [n for n in saved if step is not None and n < step]
+    runs.write_json(os.path.join(KEEP, run_id, "precollapse.json"), {"collapse_step": step,
+                                                                     "checkpoint": before[-1] if before else None})
+    if step is None:
+        return None, "rung"
+    return (os.path.join(out, f"checkpoint-{before[-1]}") if before else
+            runs.read_json(os.path.join(out, "config.json"))["init_from"]), None
 
 
 def drift(run_id):
@@ -260,6 +357,8 @@ def wait_for(path):
 def finished(run_id, evals):
     """Trained and evaluated, by the committed files alone (so also on a machine without runs/study)."""
     d = os.path.join(KEEP, run_id)
+    if os.path.isfile(os.path.join(d, "diverged.json")):
+        return os.path.isfile(os.path.join(d, "metrics.jsonl"))
     return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in evals)))
 
 
@@ -270,11 +369,20 @@ def adapter_fingerprint(folder):
     return list(runs.weights_fingerprint([tensors[k] for k in sorted(tensors)]))
 
 
-def run_all(shard):
+def run_all(shard, only=()):
+    """This worker's jobs, in order; the table is read again after each job, since the collapse
+    part's test joins it once the pilot has chosen its rung. only: run-id prefixes to run."""
     k, n = shard
     threads = max(1, (os.cpu_count() or 1) // n)
-    for i, (run_id, flags, seed, start, evals) in enumerate(jobs()):
-        if i % n != k or (start and finished(run_id, evals)):
+    done = set()
+    while True:
+        todo = [job for i, job in enumerate(jobs()) if i % n == k and job[0] not in done
+                and (not only or job[0].startswith(tuple(only)))]
+        if not todo:
+            return
+        run_id, flags, seed, start, evals = todo[0]
+        done.add(run_id)
+        if (start and finished(run_id, evals)) or pilot_skipped(run_id):
             continue            # a warm-up's final/ is rebuilt when missing: later runs start from it
         out = train(run_id, flags, seed, start, shard, threads)
         evaluate(run_id, out, evals, shard, threads)
@@ -310,7 +418,8 @@ def load(run_id, base=None):
     rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
     evals = {f[5:-5]: runs.read_json(os.path.join(d, f)) for f in sorted(os.listdir(d))
              if f.startswith("eval-") and f.endswith(".json")}
-    files = {f: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json", "config.json")
+    files = {f: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json", "config.json",
+                                                      "diverged.json")
              if os.path.isfile(os.path.join(d, f))}
     return {"rl": [r for r in rows if r.get("phase") == "rl"], "evals": evals, **files}
 
@@ -493,17 +602,19 @@ def trailing(vals, n):
 COLLAPSE_WINDOW, COLLAPSE_DROP = 10, 2.0      # steps; points of the 10-point formatting reward (= 20 %)
 
 
-def collapse_step(rows):
+def collapse_step(rows, diverged=None):
     """The first RL step at which the trailing-10-step formatting reward is >= 2 points below its mean
-    over the first 10 RL steps while the trailing-10-step entropy is above ln 2; None if never."""
+    over the first 10 RL steps while the trailing-10-step entropy is above ln 2; None if never.
+    diverged: {"step": n} of a run that train.py stopped on consecutive non-finite losses, which
+    collapsed at step n unless the rule found an earlier step."""
     fmt, ent = [r["rewards/format"] for r in rows], [r["entropy"] for r in rows]
     if len(fmt) < 2 * COLLAPSE_WINDOW:
-        return None
+        return diverged and diverged["step"]
     start = statistics.fmean(fmt[:COLLAPSE_WINDOW])
     for r, f, h in zip(rows, trailing(fmt, COLLAPSE_WINDOW), trailing(ent, COLLAPSE_WINDOW)):
         if r["step"] - rows[0]["step"] >= COLLAPSE_WINDOW and f <= start - COLLAPSE_DROP and h > math.log(2):
             return r["step"]
-    return None
+    return diverged and diverged["step"]
 
 
 def collapse_lines():
@@ -760,6 +871,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shard", default="0/1", metavar="K/N", help="run jobs K, K+N, K+2N, ... (N workers)")
     p.add_argument("--list", action="store_true", help="the run table and the state of each run")
+    p.add_argument("--only", default="", metavar="PREFIX,...", help="run only the jobs whose run id starts so "
+                   "(e.g. warmup-collapse,pilot)")
     p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
     p.add_argument("--kl", metavar="RUN", help="(a worker's job) a long run's KL to its start at each checkpoint")
     args = p.parse_args(argv)
@@ -774,7 +887,7 @@ def main(argv=None):
         return status()
     if not args.report:
         try:
-            run_all((k, n))
+            run_all((k, n), [x for x in args.only.split(",") if x])
         except Stop:
             print("stopped: the running step saved what it had; run the same command again to continue")
             return 0

@@ -64,8 +64,9 @@ def load_records(cfg, tok, log):
 
 
 def make_optimizer(cfg, params, total_steps, log=print):
-    """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW, cosine with warm-up."""
-    from transformers import get_cosine_schedule_with_warmup
+    """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW; linear warm-up, then cosine
+    decay (Listing 1) or a constant rate."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
     kw = dict(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw_8bit":
         import bitsandbytes as bnb
@@ -76,6 +77,8 @@ def make_optimizer(cfg, params, total_steps, log=print):
     else:
         optimizer = torch.optim.AdamW(params, **kw)
     warmup = math.ceil(cfg.warmup_ratio * total_steps)
+    if cfg.lr_scheduler == "constant":
+        return optimizer, get_constant_schedule_with_warmup(optimizer, warmup)
     return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
 
 
