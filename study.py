@@ -369,11 +369,11 @@ def adapter_fingerprint(folder):
     return list(runs.weights_fingerprint([tensors[k] for k in sorted(tensors)]))
 
 
-def run_all(shard, only=()):
+def run_all(shard, only=(), threads=None):
     """This worker's jobs, in order; the table is read again after each job, since the collapse
     part's test joins it once the pilot has chosen its rung. only: run-id prefixes to run."""
     k, n = shard
-    threads = max(1, (os.cpu_count() or 1) // n)
+    threads = threads or max(1, (os.cpu_count() or 1) // n)
     done = set()
     while True:
         todo = [job for i, job in enumerate(jobs()) if i % n == k and job[0] not in done
@@ -873,6 +873,7 @@ def main(argv=None):
     p.add_argument("--list", action="store_true", help="the run table and the state of each run")
     p.add_argument("--only", default="", metavar="PREFIX,...", help="run only the jobs whose run id starts so "
                    "(e.g. warmup-collapse,pilot)")
+    p.add_argument("--threads", type=int, default=None, help="threads per worker [default: cores / N]")
     p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
     p.add_argument("--kl", metavar="RUN", help="(a worker's job) a long run's KL to its start at each checkpoint")
     args = p.parse_args(argv)
@@ -887,7 +888,7 @@ def main(argv=None):
         return status()
     if not args.report:
         try:
-            run_all((k, n), [x for x in args.only.split(",") if x])
+            run_all((k, n), [x for x in args.only.split(",") if x], args.threads)
         except Stop:
             print("stopped: the running step saved what it had; run the same command again to continue")
             return 0
