@@ -48,8 +48,9 @@ class Config:
     max_completion_length: int = flag(1500, "max new tokens per completion")
     temperature: float = flag(1.0, "sampling temperature")
     one_shot: bool = flag(False, "show one worked example (tag format) before the question")
-    optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1); "
-                          "adamw_torch = torch.optim.AdamW", choices=["adamw_8bit", "adamw_torch"])
+    optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1's "
+                          "paged_adamw_8bit); adam = the same, as the authors' README spells it; adamw_torch = "
+                          "torch.optim.AdamW", choices=["adamw_8bit", "adam", "adamw_torch"])
     lr: float = flag(1e-6, "learning rate")
     adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9]", type=float)
     adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95]", type=float)
@@ -182,6 +183,8 @@ def finish(cfg):
         cfg.load_in_4bit = cfg.device.startswith("cuda")
     if cfg.lora_rank is None:
         cfg.lora_rank = ALIASES.get(cfg.model, (None, 64))[1]      # Listing 1: Llama 128, Qwen 64
+    if cfg.optimizer == "adam":                         # the authors' README: `--optimizer adam`
+        cfg.optimizer = "adamw_8bit"
     b1, b2 = BETAS[cfg.method]
     cfg.adam_beta1 = b1 if cfg.adam_beta1 is None else cfg.adam_beta1
     cfg.adam_beta2 = b2 if cfg.adam_beta2 is None else cfg.adam_beta2

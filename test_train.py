@@ -381,3 +381,29 @@ def test_load_model_with_lora_is_quiet_but_hides_nothing_else(tiny_model_dir):
             warnings.warn("something else", UserWarning)
     assert [str(w.message) for w in seen] == ["something else"]
     assert info["lora_rank"] == 4 and any("lora_" in n for n, _ in model.named_parameters())
+
+
+AUTHORS_COMMAND = ("python train.py --model llama-8b --dataset gsm8k --optimizer adam --lr 1e-6 --epochs 3 "
+                   "--batch_size 2 --generation_size 12 --use_gtpo")      # their README, verbatim
+
+
+def test_the_authors_readme_command_parses_as_listing_1():
+    from config import parse_args
+    argv = AUTHORS_COMMAND.split()[2:]
+    cfg = parse_args(argv + ["--device", "cuda"])
+    assert (cfg.optimizer, cfg.method, cfg.model, cfg.dataset) == ("adamw_8bit", "gtpo", "llama-8b", "gsm8k")
+    assert (cfg.lr, cfg.epochs, cfg.batch_size, cfg.generation_size, cfg.lora_rank) == (1e-6, 3, 2, 12, 128)
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.max_grad_norm) == (0.999999, 0.999999, 0.1)
+    assert parse_args(argv).optimizer == parse_args(argv[:4] + ["--optimizer", "adamw_8bit"] + argv[6:]).optimizer
+
+
+@pytest.mark.needs_data
+def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, tiny_model_dir, train_cli):
+    out = tmp_path / "run"
+    r = train_cli(*AUTHORS_COMMAND.split()[2:], "--model", tiny_model_dir, "--max_steps", "1",
+                  "--max_completion_length", "8", "--ent_ini_prompts", "2", "--output_dir", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = _rows(str(out))
+    assert [r_["step"] for r_ in rows] == [1] and rows[0]["completions/mean_length"] <= 8
+    cfg = json.load(open(out / "config.json"))
+    assert (cfg["optimizer"], cfg["batch_size"], cfg["generation_size"], cfg["dataset"]) == ("adamw_8bit", 2, 12, "gsm8k")
