@@ -554,9 +554,30 @@ def report_trl(args, res):
     print("   in GTPO's step: " + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
 
 
+def report_memory(args, res):
+    """Part 7: the step's estimated peak GPU memory (memory.py) for the paper's models, or --model,
+    by micro-batch and checkpointing, and what the defaults choose under --memory_budget_gb; beside
+    it, the estimate against tensor memory measured on CPU for three small shapes."""
+    import memory
+    names = ["llama-8b", "qwen2.5-3b"] if args.model == "smollm2-135m" else [args.model]
+    res["memory"] = {}
+    for name in names:
+        rank = {"llama-8b": 128}.get(name, 64)
+        s = memory.Settings(lora_rank=rank, batch_size=args.memory_batch_size)
+        lines = memory.table(name, s, args.memory_budget_gb * 1e9)
+        print("\n7. " + "\n".join(lines))
+        res["memory"][name] = lines
+    print("\n   estimate vs measured on CPU (MemTracker, two real steps), GB")
+    for check in memory.CPU_CHECKS:
+        config, s = memory.cpu_check(check)
+        est, measured = memory.estimate(config, s)["peak"], memory.measured_peak(config, s)
+        res["memory"][check] = {"estimate": est, "measured": measured}
+        print(f"   {check}: estimate {est / 1e9:.4f}, measured {measured / 1e9:.4f} ({est / measured - 1:+.0%})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl (paper: 7 min, trl: 18 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu (paper: 7 min, trl: 18 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
@@ -570,6 +591,8 @@ def main():
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--heap_mmap_mb", type=float, default=0.0, help="as train.py's flag (default 0: glibc's)")
+    p.add_argument("--memory_budget_gb", type=float, default=36.0, help="memory part: the budget (one A100 40GB less 10 %%)")
+    p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -582,7 +605,7 @@ def main():
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
     reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step,
-               "reward": report_reward, "trl": report_trl}
+               "reward": report_reward, "trl": report_trl, "memory": report_memory}
     unknown = set(args.parts.split(",")) - set(reports)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")

@@ -100,14 +100,19 @@ class Config:
     rollout: str = flag("auto", "sampler: generate (model.generate), shared (prompt pre-filled once per group, "
                         "own decode loop) [default auto: shared on CPU, generate elsewhere]", group="memory",
                         choices=list(PATHS))
-    micro_batch_size: int = flag(0, "completions per forward/backward, 0 = all", group="memory")
+    micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
+                                 "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
+                                 type=int)
+    memory_budget_gb: float = flag(None, "GPU memory a step may use [default: the device's total less 10 %%]",
+                                   group="memory", type=float)
     sft_micro_batch_size: int = flag(0, "worked solutions per forward/backward in SFT steps, 0 = as "
                                      "--micro_batch_size", group="memory")
     logprob_chunk: int = flag(256, "completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) "
                               "logits)", group="memory")
     share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group (off with checkpointing)",
                               group="memory")
-    gradient_checkpointing: bool = flag(False, "trade compute for activation memory", group="memory")
+    gradient_checkpointing: bool = flag(None, "keep only each layer's input, recompute the rest in backward "
+                                        "[default: on with CUDA, off on CPU]", group="memory", type=bool)
     merge_lora: bool = flag(True, "sample with LoRA merged into copies of the base weights", group="cpu")
     heap_mmap_mb: float = flag(0.0, "glibc: freed blocks above this size (MB) go back to the OS at once (lower "
                                "peak RSS, slower steps); 0 = glibc's default", group="cpu")
@@ -183,6 +188,8 @@ def finish(cfg):
         cfg.load_in_4bit = cfg.device.startswith("cuda")
     if cfg.lora_rank is None:
         cfg.lora_rank = ALIASES.get(cfg.model, (None, 64))[1]      # Listing 1: Llama 128, Qwen 64
+    if cfg.load_in_4bit and cfg.lora_rank == 0:
+        raise ConfigError("full fine-tuning (--lora_rank 0) cannot train 4-bit weights; use LoRA or --no-load_in_4bit")
     if cfg.optimizer == "adam":                         # the authors' README: `--optimizer adam`
         cfg.optimizer = "adamw_8bit"
     b1, b2 = BETAS[cfg.method]
@@ -197,6 +204,11 @@ def finish(cfg):
         raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
                           f"or -1 to let --epochs decide")
     check_data_dir(cfg.data_dir)                        # before the model loads
+    cuda = cfg.device.startswith("cuda")
+    if cfg.gradient_checkpointing is None:              # activations dominate a GPU step's memory
+        cfg.gradient_checkpointing = cuda
+    if cfg.micro_batch_size is None and not cuda:       # on CUDA train.plan_memory picks it
+        cfg.micro_batch_size = 0
     if cfg.gradient_checkpointing:
         cfg.share_prompt = False                        # checkpointed layers cannot keep a KV cache
     if cfg.output_dir is None:

@@ -22,10 +22,16 @@ def _rows_logsumexp(z, rows=32):
     return torch.cat([z[r:r + rows].logsumexp(dim=-1) for r in range(0, z.shape[0], rows)])
 
 
+def _fp32(t):
+    """t in fp32 (itself when it already is: the CPU path allocates nothing)."""
+    return None if t is None else t.float()
+
+
 class ChunkedLogprobs(torch.autograd.Function):
     """log pi(target) and entropy from final hidden states through the LM head, `logprob_chunk`
     positions at a time, so no (T, V) logits tensor ever exists (paper scale: 12 x 1500 x 128256
-    fp32 = 9 GB).
+    fp32 = 9 GB). The head runs in fp32 whatever the weights' dtype (autocast off, bf16 weights
+    and hidden states upcast), so log-probs and entropy have fp32 precision.
 
     forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk
               -> logp (T,) float32, entropy (T,) float32 (no gradient; Eq. 7's gamma acts
@@ -40,8 +46,10 @@ class ChunkedLogprobs(torch.autograd.Function):
         logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
         c = logprob_chunk
+        w, b = _fp32(weight), _fp32(bias)                                            # (V, D), (V,)
         for s in range(0, T, c):
-            z = F.linear(hidden[s:s + c], weight, bias).float()                      # (c, V)
+            with torch.autocast(hidden.device.type, enabled=False):
+                z = F.linear(hidden[s:s + c].float(), w, b)                          # (c, V) fp32
             lse = _rows_logsumexp(z)                                                 # (c,)
             logp[s:s + c] = z.gather(1, targets[s:s + c, None]).squeeze(1) - lse
             if with_entropy:                                                         # H = -sum p log p
@@ -63,19 +71,20 @@ class ChunkedLogprobs(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         c = ctx.logprob_chunk
+        w, b = _fp32(weight), _fp32(bias)
         for s in range(0, hidden.shape[0], c):
-            h, t, g = hidden[s:s + c], targets[s:s + c], g_logp[s:s + c].float()
-            z = F.linear(h, weight, bias).float()                                    # (c, V)
+            h, t, g = hidden[s:s + c].float(), targets[s:s + c], g_logp[s:s + c].float()
+            with torch.autocast(hidden.device.type, enabled=False):
+                z = F.linear(h, w, b)                                                # (c, V) fp32
             z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
             z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
-            dz = z.to(weight.dtype)
             if need_h:
-                grad_h[s:s + c] = dz @ weight
+                grad_h[s:s + c] = (z @ w).to(hidden.dtype)
             if need_w:
-                grad_w.addmm_(dz.t().float(), h.float())
+                grad_w.addmm_(z.t(), h)
             if need_b:
                 grad_b += z.sum(0)
-            del z, dz
+            del z
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None, None, None, None)
 

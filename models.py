@@ -130,6 +130,28 @@ def pick_dtype(name, device):
     return DTYPES[name]
 
 
+def checkpoint_activations(model):
+    """Keep each decoder layer's input and recompute the layer in backward; non-reentrant, so it
+    needs no input that requires grad (transformers 5 renamed the method)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def autocast(model):
+    """The one precision decision of the forward passes (sampling and gradient), as nanoGPT's single
+    autocast context: with bf16 weights (CUDA's default, pick_dtype) everything runs under bf16
+    autocast, so LoRA's fp32 weights meet bf16 activations, attention can take its flash kernels and
+    the saved activations are bf16; with fp32 weights (CPU) nothing changes. What stays fp32 in any
+    case: LoRA weights, their gradients and optimizer state, RMSNorm's own arithmetic, and the LM
+    head's logits and log-softmax (logprobs.ChunkedLogprobs)."""
+    w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding))   # any wrapper
+    if w.dtype not in (torch.bfloat16, torch.float16):
+        return contextlib.nullcontext()
+    return torch.autocast(w.device.type, dtype=w.dtype)
+
+
 @contextlib.contextmanager
 def quiet_peft():
     """PEFT reads `is_gradient_checkpointing`, which transformers has deprecated: a FutureWarning
@@ -145,7 +167,9 @@ def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=Non
     dtype: weights (and the 4-bit compute dtype); None = pick_dtype("auto").
 
     4-bit NF4 loading (Listing 1): bitsandbytes on CUDA, or its CPU backend (>= 0.46; slow, but
-    the same Linear4bit layers, so the GPU recipe can be rehearsed on a CPU).
+    the same Linear4bit layers, so the GPU recipe can be rehearsed on a CPU). Every unquantized
+    weight keeps `dtype` (no fp32 upcast of embeddings and norms: autocast below decides precision);
+    LoRA weights are fp32 (PEFT's default).
     """
     from transformers import AutoModelForCausalLM
     path, default_rank = resolve(name)
@@ -171,8 +195,6 @@ def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=Non
             bnb_4bit_use_double_quant=True)
         kwargs["device_map"] = {"": device}
         quantized = True
-    if quantized and lora_rank == 0:
-        raise ModelError("full fine-tuning (--lora_rank 0) cannot train 4-bit weights; use LoRA or --no-load_in_4bit")
     try:
         tok = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -182,11 +204,8 @@ def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=Non
     if not quantized:
         model.to(device)
     model.config.use_cache = True
-    if quantized:
-        from peft import prepare_model_for_kbit_training
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
-    elif gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]

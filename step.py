@@ -19,6 +19,7 @@ import torch
 import gtpo
 from data import format_prompt, tagged_solution
 from logprobs import sequence_logprobs
+from models import autocast
 from rewards import score
 from rollout import rollout
 
@@ -85,7 +86,7 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
     """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same model with its LoRA
     adapters switched off (no second copy in memory)."""
     ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), ctx, autocast(model):
         ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, prompt[0], prompt[1],
                                    ro.completion_ids[rows], ro.completion_mask[rows], with_entropy=False,
                                    logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
@@ -108,8 +109,9 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     """
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
-    ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
-                 min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
+    with autocast(model):
+        ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
+                     min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
     mask = ro.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
@@ -153,13 +155,14 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
                 ref = reference_logprobs(model, ref_model, prompt, ro, rows, cfg)
                 clock("reference")
-            logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
-                                          logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
-            h = gtpo.masked_mean(ent, mask[rows], dim=1)                              # (n,) <H>_i
-            loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
-                                      None if weights is None else weights[rows],
-                                      None if n_conf is None else n_conf[rows], ref)
-            part_loss = loss * n_mb / N                                              # mean over all N
+            with autocast(model):
+                logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
+                                              logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
+                h = gtpo.masked_mean(ent, mask[rows], dim=1)                          # (n,) <H>_i
+                loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
+                                          None if weights is None else weights[rows],
+                                          None if n_conf is None else n_conf[rows], ref)
+                part_loss = loss * n_mb / N                                          # mean over all N
             clock("forward")
             part_loss.backward()            # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
@@ -213,9 +216,10 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
     for s in range(0, N, mb):
         rows = slice(s, s + mb)
         with _sync_if(policy, s + mb >= N):
-            logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows], c_mask[rows],
-                                        with_entropy=False, logprob_chunk=cfg.logprob_chunk)
-            loss = -(logp * c_mask[rows]).sum() / n_tokens                          # token mean over all N
+            with autocast(policy):
+                logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows], c_mask[rows],
+                                            with_entropy=False, logprob_chunk=cfg.logprob_chunk)
+                loss = -(logp * c_mask[rows]).sum() / n_tokens                      # token mean over all N
             clock("forward")
             loss.backward()
             clock("backward")
@@ -228,7 +232,8 @@ def initial_entropy(model, tok, prompts, cfg):
     prompt, 8 prompts per rollout call; H_t from the logits the sampling computes."""
     vals = []
     for i in range(0, len(prompts), 8):
-        ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
-                     path=cfg.rollout, merge_lora=cfg.merge_lora, with_entropy=True)
+        with autocast(model):
+            ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
+                         path=cfg.rollout, merge_lora=cfg.merge_lora, with_entropy=True)
         vals.append(gtpo.masked_mean(ro.entropy, ro.completion_mask, dim=1))
     return torch.cat(vals).mean().item()

@@ -63,6 +63,30 @@ def load_records(cfg, tok, log):
     return records, example
 
 
+def plan_memory(cfg, model, tok, records, example, dist, log):
+    """On CUDA, one line before the first step: the step's estimated peak GPU memory (memory.py)
+    against the budget, and the micro-batch it allows (the largest that fits, unless given)."""
+    if not str(dist.device).startswith("cuda"):
+        return
+    import memory
+    budget = (cfg.memory_budget_gb * 1e9 if cfg.memory_budget_gb else
+              0.9 * torch.cuda.get_device_properties(dist.device).total_memory)
+    longest = max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"])
+                  for r in records)
+    s = memory.Settings.from_config(cfg, longest, model.get_input_embeddings().weight.element_size())
+    if cfg.micro_batch_size is None:
+        m, est = memory.fit(model.config, s, budget)
+        if m is None:
+            raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
+                              f"(estimate {memory.describe(est)}): lower --max_completion_length or "
+                              f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
+        cfg.micro_batch_size = m
+    est = memory.estimate(model.config, dataclasses.replace(s, micro_batch_size=cfg.micro_batch_size))
+    log(f"memory: estimated peak {est['peak'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
+        f"{cfg.micro_batch_size or s.batch_size * s.generation_size} completions, checkpointing "
+        f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {longest} tokens ({memory.describe(est)})")
+
+
 def make_optimizer(cfg, params, total_steps, log=print):
     """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW; linear warm-up, then cosine
     decay (Listing 1) or a constant rate."""
@@ -126,6 +150,7 @@ def train(cfg, dist, stop):
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, log)
+    plan_memory(cfg, model, tok, records, example, dist, log)
     steps_per_epoch = math.ceil(len(records) / (cfg.batch_size * dist.world))   # B prompts x W ranks a step
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]

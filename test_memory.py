@@ -1,0 +1,55 @@
+"""memory.py: the estimate against the tensor memory of real steps measured on CPU, the paper's
+models with the defaults, the two GPU measurements, and the micro-batch it picks."""
+import dataclasses
+
+import pytest
+from memory import (CPU_CHECKS, Settings, activation_rates, cpu_check, estimate, fit, measured_peak, model_config,
+                    table)
+
+@pytest.mark.parametrize("name", list(CPU_CHECKS))
+def test_estimate_is_within_20_percent_of_the_peak_measured_on_cpu(name):
+    config, s = cpu_check(name)
+    est, measured = estimate(config, s)["peak"], measured_peak(config, s)
+    assert 0.8 <= est / measured <= 1.2, (est, measured)
+
+
+def test_the_paper_models_with_the_defaults_fit_one_a100_40gb():
+    llama = estimate(model_config("llama-8b"), Settings())           # G 12, 250 + 1,500 tokens, 4-bit, r 128
+    qwen = estimate(model_config("qwen2.5-3b"), Settings(lora_rank=64))
+    assert llama["peak"] <= 36e9 and qwen["peak"] <= 20e9
+    assert llama["gradient"] > llama["sampling"] > llama["weights"] > 4e9      # 8B in NF4 is ~4.5 GB + head
+
+
+def test_consistent_with_the_two_gpu_measurements():
+    """H100 runs before autocast (fp32 activations, no checkpointing): the 1B shape at micro-batches
+    of 4 and 256 tokens peaked at 6.32 GB; the 8B shape at micro-batches of 4 and 1,500 tokens ran out
+    of memory with 77.4 GB allocated. fp32 weights stand in for that precision."""
+    before = dict(dtype_bytes=4, autocast=False, gradient_checkpointing=False, micro_batch_size=4)
+    one_b = estimate(model_config("llama-1b"), Settings(lora_rank=64, completion_tokens=256, share_prompt=True,
+                                                         **before))
+    assert abs(one_b["peak"] / 6.32e9 - 1) <= 0.2
+    assert estimate(model_config("llama-8b"), Settings(**before))["peak"] > 77.4e9
+
+
+def test_fit_picks_the_largest_micro_batch_that_fits():
+    config, s = model_config("llama-8b"), Settings(batch_size=2)      # the authors' command: 24 completions
+    m, est = fit(config, s, 30e9)
+    assert 1 <= m < 24 and est["peak"] <= 30e9
+    assert estimate(config, dataclasses.replace(s, micro_batch_size=m + 1))["peak"] > 30e9
+    assert fit(config, s, 5e9)[0] is None                           # not even one: the caller explains
+
+
+def test_bf16_autocast_and_checkpointing_each_lower_the_step():
+    config = model_config("llama-8b")
+    assert activation_rates(config, Settings())[0] < 0.8 * activation_rates(config, Settings(dtype_bytes=4,
+                                                                                              autocast=False))[0]
+    on, off = (estimate(config, Settings(gradient_checkpointing=c))["gradient"] for c in (True, False))
+    assert on < off / 4
+
+
+def test_table_rows_and_the_defaults_line():
+    lines = table("qwen2.5-3b", Settings(lora_rank=64), 20e9, micro_batches=(1, 12))
+    on, off = lines[3], lines[4]
+    assert on.startswith("| checkpointing on |") and off.startswith("| checkpointing off |")
+    assert float(on.split("|")[2]) < float(on.split("|")[3]) < float(off.split("|")[3])
+    assert lines[-1].startswith("qwen2.5-3b defaults: ") and "micro-batches of 12 of 12" in lines[-1]
