@@ -97,9 +97,10 @@ class Config:
     sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run")
     report_to: str = flag("none", "also log to Weights & Biases", group="run", choices=["none", "wandb"])
     # ---- memory and speed
-    rollout: str = flag("auto", "sampler: generate (model.generate), shared (prompt pre-filled once per group, "
-                        "own decode loop) [default auto: shared on CPU, generate elsewhere]", group="memory",
-                        choices=list(PATHS))
+    rollout: str = flag("auto", "sampler: generate (model.generate through the policy), merged (generate through a "
+                        "bf16 copy with LoRA merged, static KV cache, compiled on CUDA), shared (CPU: prompt "
+                        "pre-filled once per group, own decode loop) [default auto: shared on CPU, generate "
+                        "elsewhere]", group="memory", choices=list(PATHS))
     micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
                                  "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
                                  type=int)

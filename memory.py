@@ -192,9 +192,9 @@ def estimate(config, s):
     rows, P, C = s.batch_size * s.generation_size, s.prompt_tokens, s.completion_tokens
     kv = rows * (P + C) * L * 2 * kv_dim * b
     prefill = s.batch_size * s.generation_size * P * (3 * config.intermediate_size + 4 * D) * b
-    sample = kv * (1 + 1 / L) + max(prefill, 3 * rows * V * 4)
-    if s.sampler == "merged":
-        sample += (linear + other) * 2
+    sample = kv * (1 + (s.sampler != "merged") / L) + max(prefill, 3 * rows * V * 4)   # static cache: no growth
+    if s.sampler == "merged":                           # dense copies of the Linear layers; the rest is shared
+        sample += linear * 2
     out["sampling"] = out["weights"] + out["trainable"] + sample
     # ---- gradient pass: one micro-batch of m completions
     m = s.micro_batch_size or rows

@@ -1,8 +1,9 @@
 """Sampling G completions per prompt (Sec. 3) with `model.generate`.
 
 rollout(...)      all prompts x G sampled as one batch, no grad -> Rollout (ids, masks, texts)
-resolve_path()    which sampler runs: `generate` (this file), or on CPU the shared-prompt decode
-                  loop of cpu_rollout.py (same distribution, other random draws)
+resolve_path()    which sampler runs: `generate` through the policy (this file), `generate` through
+                  a merged bf16 copy (merged_rollout.py), or on CPU the shared-prompt decode loop
+                  of cpu_rollout.py (same distribution, other random draws)
 completion_mask   1 up to and including the first EOS
 """
 from dataclasses import dataclass
@@ -10,9 +11,10 @@ from dataclasses import dataclass
 import torch
 
 import cpu_rollout
+import merged_rollout
 from gtpo import token_entropy
 
-PATHS = ("auto", "generate", "shared")
+PATHS = ("auto", "generate", "shared", "merged")
 
 
 @dataclass
@@ -28,7 +30,7 @@ class Rollout:
 
 def resolve_path(path, device):
     """--rollout: "auto" is the shared-prompt decode loop on CPU (cpu_rollout.py, where it is
-    tested and pays) and `generate` on every other device; "generate" / "shared" force one."""
+    tested and pays) and `generate` on every other device; "generate" / "shared" / "merged" force one."""
     if path not in PATHS:
         raise ValueError(f"rollout path must be one of {PATHS}, got {path!r}")
     if path == "auto":
@@ -53,15 +55,15 @@ def completion_mask(ids, eos):
 
 
 def generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-             top_p=1.0, with_entropy=False):
+             top_p=1.0, with_entropy=False, **extra):
     """G samples per prompt with `model.generate` over B x G copies of the prompts (top_k = 0: the
     untruncated softmax). ids, attn (B, P) -> (tokens (B*G, L), H_t (B*G, L) of the untempered
-    logits or None)."""
+    logits or None). extra: more `generate` arguments (merged_rollout.generate_kwargs)."""
     ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)   # (B*G, P)
     out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
                          top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                          eos_token_id=eos, pad_token_id=pad_id, use_cache=True, return_dict_in_generate=True,
-                         output_logits=with_entropy)
+                         output_logits=with_entropy, **extra)
     entropy = torch.stack([token_entropy(z) for z in out.logits], dim=1) if with_entropy else None
     return out.sequences[:, ids.shape[1]:], entropy                              # (N, L), (N, L)
 
@@ -73,22 +75,28 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
 
     prompts: B chat-formatted strings -> Rollout with N = B * G rows, the G completions of prompt b
     in rows b*G ... b*G+G-1. path: see resolve_path; "shared" needs prompts of >= 2 tokens and
-    otherwise uses `generate`. merge_lora: the shared path's merged-LoRA sampling (cpu_rollout).
+    otherwise uses `generate`; "merged" samples from merged_rollout.merged_copy (prompts then
+    left-padded to a multiple of PAD_MULTIPLE). merge_lora: the shared path's merged-LoRA sampling.
     with_entropy: also return H_t of pi (untempered) at every sampled position, from the logits the
     sampling computes anyway (what a policy pass would give, without one).
     """
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    path = resolve_path(path, device)
+    pad_to = merged_rollout.PAD_MULTIPLE if path == "merged" else None
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+                    pad_to_multiple_of=pad_to).to(device)
     ids, attn = enc["input_ids"], enc["attention_mask"]                            # (B, P)
     eos, pad = eos_ids(model, tokenizer), tokenizer.pad_token_id
     was_training = model.training
     model.eval()
-    if resolve_path(path, device) == "shared" and ids.shape[1] > 1:
+    if path == "shared" and ids.shape[1] > 1:
         comp, ent = cpu_rollout.sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
                                        temperature, top_p, merge_lora, with_entropy)
     else:
-        comp, ent = generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
-                             temperature, top_p, with_entropy)
+        sampler = merged_rollout.merged_copy(model) if path == "merged" else None    # freed on return
+        extra = merged_rollout.generate_kwargs(device) if sampler is not None else {}
+        comp, ent = generate(sampler or model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
+                             temperature, top_p, with_entropy, **extra)
     model.train(was_training)
     mask, truncated = completion_mask(comp, eos)                                   # (N, L)
     comp = comp.masked_fill(mask == 0, pad)

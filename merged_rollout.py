@@ -1,0 +1,86 @@
+"""The merged sampling path (--rollout merged): sample from a plain copy of the policy whose Linear
+layers hold the LoRA merged into dequantized weights, with a static KV cache.
+
+For GPUs, where `generate` through bitsandbytes 4-bit layers with LoRA beside them launches several
+small kernels per projection and per token. The copy is rebuilt from the policy at every rollout
+(NF4 dequantized once per step, the current adapters merged in the sampling dtype) and freed
+after it, so the gradient pass never sees it; memory.py counts it in the sampling stage. On CUDA
+transformers compiles the decode step of a model with a static cache (torch.compile); elsewhere it
+runs eagerly. Same distribution as `generate` through the policy, up to the rounding of the merged
+weights (PEFT: merging LoRA into quantized weights is lossy, so the copy is dense, never re-quantized).
+
+merged_copy(model)     the plain model, or None when a layer cannot be merged (DoRA, LoRA bias)
+generate_kwargs(...)   what `model.generate` is given for this path
+PAD_MULTIPLE           prompts are left-padded to a multiple of this, so the static cache (and the
+                       compiled step) see few distinct lengths
+"""
+import copy
+
+import torch
+
+from cpu_rollout import lora_factors
+
+PAD_MULTIPLE = 64
+
+
+def dense_weight(layer, dtype):
+    """(out, in) weight of a Linear or a bitsandbytes Linear4bit, as a new tensor in `dtype`."""
+    w = layer.weight
+    if hasattr(w, "quant_state"):                                     # NF4: dequantize once
+        import bitsandbytes.functional as bnbf
+        data, state = w.data, w.quant_state
+        if getattr(state, "packing_format_for_cpu", False):         # an AVX-512 CPU's repacked layout;
+            data, state = bnbf._convert_weight_packed_for_cpu_inverse(data, copy.copy(state))  # it edits the state
+        return bnbf.dequantize_4bit(data, state).to(dtype)
+    return w.detach().to(dtype, copy=True)
+
+
+def merged_copy(model, dtype=None):
+    """A plain transformers model (no PEFT, no 4-bit) for sampling: each LoRA layer's weight is
+    dense(W) + sum scale * B A in `dtype` (default: the embeddings' dtype), other quantized layers are
+    dequantized, and every other parameter (embeddings, norms, LM head) is the policy's own tensor,
+    shared, not copied. None when some LoRA layer is of a kind lora_factors does not describe."""
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoModelForCausalLM
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dtype = dtype or base.get_input_embeddings().weight.dtype
+    state = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            factors = lora_factors(module)
+            if factors is None:
+                return None
+            layer = module.get_base_layer()
+            w = dense_weight(layer, dtype)                                            # (out, in)
+            for B, A, scale in factors:                                               # (out, r), (r, in)
+                w.addmm_(B.to(dtype), A.to(dtype), alpha=scale)
+            state[f"{name}.weight"] = w
+            if layer.bias is not None:
+                state[f"{name}.bias"] = layer.bias
+        elif hasattr(getattr(module, "weight", None), "quant_state"):
+            state[f"{name}.weight"] = dense_weight(module, dtype)
+    for name, p in base.named_parameters():
+        if "lora_" not in name:
+            state.setdefault(name.replace(".base_layer.", "."), p.detach())
+    config = copy.deepcopy(base.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(state, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    own = dict(base.named_buffers())
+    for name, buf in list(plain.named_buffers()):                     # rotary frequencies (not saved)
+        module, _, key = name.rpartition(".")
+        plain.get_submodule(module)._buffers[key] = own[name]
+    missing = [n for n, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"merged copy: no weights for {missing[:3]}")
+    plain.generation_config = base.generation_config
+    return plain.eval()
+
+
+def generate_kwargs(device):
+    """A static KV cache; transformers compiles the decode step on CUDA and not elsewhere."""
+    return {"cache_implementation": "static", "disable_compile": torch.device(device).type != "cuda"}

@@ -1,0 +1,80 @@
+"""merged_rollout.py: the sampling copy computes what the policy computes (exactly without 4-bit,
+within bf16/NF4 rounding with it), leaves the policy untouched, shares what it does not merge, and
+rollout(path="merged") returns what the other paths return."""
+import pytest
+import torch
+
+import merged_rollout
+from models import load_model
+from rollout import rollout
+
+
+def _policy(model_dir):
+    model, tok, _ = load_model(model_dir, lora_rank=4, log=lambda *a: None)
+    torch.manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:                                   # B = 0 at init would hide a missing merge
+            torch.nn.init.normal_(p, std=0.1)
+    return model.eval(), tok
+
+
+def test_merged_copy_equals_the_policy_and_leaves_it_untouched(tiny_model_dir):
+    model, _ = _policy(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, 1000, (2, 12))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        plain = merged_rollout.merged_copy(model)
+        got = plain(input_ids=ids).logits
+    assert not hasattr(plain, "peft_config") and torch.allclose(got, want, atol=1e-5, rtol=0)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    shared = plain.get_input_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    merged = plain.model.layers[0].self_attn.q_proj.weight
+    assert shared and merged.data_ptr() != model.base_model.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+
+
+def _embedded_policy(dtype):
+    """The embedded model in NF4 with `dtype` compute and LoRA (B drawn small, the same each time),
+    and one worked problem as ids with the index where its solution starts."""
+    from data import format_prompt, load_task, one_shot_example, tagged_solution
+    model, tok, _ = load_model("smollm2-135m", lora_rank=8, load_in_4bit=True, dtype=dtype, log=lambda *a: None)
+    torch.manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.01)
+    example, rec = one_shot_example(load_task("arithmetic", "train")[0]), load_task("arithmetic", "test")[0]
+    prompt = format_prompt(tok, rec["question"], example)
+    ids = tok(prompt + tagged_solution(rec), return_tensors="pt", add_special_tokens=False)["input_ids"]
+    return model.eval(), ids, len(tok(prompt, add_special_tokens=False)["input_ids"])
+
+
+def _logits(model, ids, start):
+    with torch.no_grad():
+        return model(input_ids=ids).logits[0, start - 1:-1].float()          # (solution tokens, V)
+
+
+@pytest.mark.slow
+def test_merged_copy_of_the_4bit_policy_is_within_its_own_bf16_rounding():
+    """Tolerance: the bf16 merged copy (NF4 dequantized once, LoRA merged, rounded to bf16) differs
+    from the bf16 4-bit policy by no more than that policy differs from itself computed in fp32, in
+    the largest and in the mean |logit| difference over a worked solution; and it picks the same
+    greedy token wherever the policy's top-2 margin exceeds twice their largest difference."""
+    policy32, ids, start = _embedded_policy(torch.float32)
+    exact = _logits(policy32, ids, start)
+    del policy32
+    policy, ids, start = _embedded_policy(torch.bfloat16)
+    want, got = _logits(policy, ids, start), _logits(merged_rollout.merged_copy(policy), ids, start)
+    own, diff = (want - exact).abs(), (got - want).abs()
+    assert diff.max() <= own.max() and diff.mean() <= own.mean(), (diff.max(), own.max(), diff.mean(), own.mean())
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * diff.max()
+    assert clear.float().mean() >= 0.25 and torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_rollout_through_the_merged_copy(tiny_model_dir):
+    model, tok = _policy(tiny_model_dir)
+    torch.manual_seed(0)
+    ro = rollout(model, tok, ["a prompt", "a longer prompt than that"], 3, 6, path="merged")
+    assert ro.prompt_ids.shape[0] == 6 and ro.prompt_ids.shape[1] % merged_rollout.PAD_MULTIPLE == 0
+    assert ro.completion_ids.shape == ro.completion_mask.shape and ro.completion_ids.shape[1] <= 6
+    assert len(ro.texts) == 6 and model.training is False
