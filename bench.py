@@ -575,6 +575,12 @@ def report_memory(args, res):
         print(f"   {check}: estimate {est / 1e9:.4f}, measured {measured / 1e9:.4f} ({est / measured - 1:+.0%})")
 
 
+def report_gpu(args, res):
+    """Part 8: the paper's step on a GPU (gpu_bench.py); --gpu_shape tiny is its CPU dry run."""
+    import gpu_bench
+    gpu_bench.run(args, res)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu (paper: 7 min, trl: 18 min on 2 cores)")
@@ -593,6 +599,11 @@ def main():
     p.add_argument("--heap_mmap_mb", type=float, default=0.0, help="as train.py's flag (default 0: glibc's)")
     p.add_argument("--memory_budget_gb", type=float, default=36.0, help="memory part: the budget (one A100 40GB less 10 %%)")
     p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
+    p.add_argument("--gpu_shape", default="llama-8b", help="gpu part: llama-8b, qwen2.5-3b, llama-1b (random weights), tiny (a CPU dry run), or a model alias / folder")
+    p.add_argument("--gpu_parts", default="sampling,step,determinism", help="gpu part: which of its three parts")
+    p.add_argument("--gpu_sample_tokens", type=int, default=256, help="gpu part: forced tokens per sampler")
+    p.add_argument("--gpu_step_tokens", type=int, default=1500, help="gpu part: forced tokens of the paper step")
+    p.add_argument("--gpu_det_tokens", type=int, default=64, help="gpu part: forced tokens of the determinism steps")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -605,7 +616,7 @@ def main():
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
     reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step,
-               "reward": report_reward, "trl": report_trl, "memory": report_memory}
+               "reward": report_reward, "trl": report_trl, "memory": report_memory, "gpu": report_gpu}
     unknown = set(args.parts.split(",")) - set(reports)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")

@@ -63,17 +63,15 @@ def load_records(cfg, tok, log):
     return records, example
 
 
-def plan_memory(cfg, model, tok, records, example, dist, log):
+def plan_memory(cfg, model, prompt_tokens, device, log):
     """On CUDA, one line before the first step: the step's estimated peak GPU memory (memory.py)
     against the budget, and the micro-batch it allows (the largest that fits, unless given)."""
-    if not str(dist.device).startswith("cuda"):
+    if not str(device).startswith("cuda"):
         return
     import memory
     budget = (cfg.memory_budget_gb * 1e9 if cfg.memory_budget_gb else
-              0.9 * torch.cuda.get_device_properties(dist.device).total_memory)
-    longest = max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"])
-                  for r in records)
-    s = memory.Settings.from_config(cfg, longest, model.get_input_embeddings().weight.element_size())
+              0.9 * torch.cuda.get_device_properties(device).total_memory)
+    s = memory.Settings.from_config(cfg, prompt_tokens, model.get_input_embeddings().weight.element_size())
     if cfg.micro_batch_size is None:
         m, est = memory.fit(model.config, s, budget)
         if m is None:
@@ -84,7 +82,13 @@ def plan_memory(cfg, model, tok, records, example, dist, log):
     est = memory.estimate(model.config, dataclasses.replace(s, micro_batch_size=cfg.micro_batch_size))
     log(f"memory: estimated peak {est['peak'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
         f"{cfg.micro_batch_size or s.batch_size * s.generation_size} completions, checkpointing "
-        f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {longest} tokens ({memory.describe(est)})")
+        f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
+
+
+def longest_prompt(tok, records, example):
+    """Tokens of the longest training prompt (what the memory estimate must allow for)."""
+    return max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"])
+               for r in records)
 
 
 def make_optimizer(cfg, params, total_steps, log=print):
@@ -150,7 +154,8 @@ def train(cfg, dist, stop):
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, log)
-    plan_memory(cfg, model, tok, records, example, dist, log)
+    if str(dist.device).startswith("cuda"):
+        plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log)
     steps_per_epoch = math.ceil(len(records) / (cfg.batch_size * dist.world))   # B prompts x W ranks a step
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,240 @@
+"""`python bench.py --parts gpu`: the paper's step measured on a lent GPU, in one command.
+
+On a random-weight model of the paper's shape (--gpu_shape llama-8b: 4-bit NF4, LoRA 128, bf16),
+train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
+1. sampling     each sampler, --gpu_sample_tokens forced tokens: seconds, tokens/s per sequence
+                and in all, the weight-streaming bound (sampling weights' bytes / measured
+                bandwidth per decode step), peak memory. Samplers: generate (4-bit, eager),
+                merged (a bf16 copy with LoRA merged, static cache, eager) and merged+compile
+2. step         one step.rl_step at --gpu_step_tokens forced tokens (1,500: the paper's length):
+                seconds per stage and the step; peak memory per stage (torch.cuda.max_memory_allocated)
+                beside memory.estimate's
+3. determinism  the same 3 steps twice from one seed (--gpu_det_tokens): the metrics and weights
+                that differ; where some do, the pair again under torch.use_deterministic_algorithms
+                (warn_only: the warnings name the operations without a deterministic kernel)
+--gpu_shape tiny runs the same code on a 2-layer model, on CPU in seconds (the fast tier's dry run);
+--gpu_shape smollm2-135m (or any model alias or folder) uses that model's own weights.
+"""
+import copy
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+
+import memory
+import step as steps
+from models import autocast
+
+TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, tie_word_embeddings=False)
+SAMPLERS = {"generate": ("generate", {}), "merged": ("merged", {"disable_compile": True}),
+            "merged+compile": ("merged", {})}
+
+
+def _gb(clock, stage):
+    """A stage's measured peak in GB, or "–" off CUDA (not measured there)."""
+    return f"{clock.peaks[stage] / 1e9:.2f}" if stage in clock.peaks else "–"
+
+
+class PeakClock(steps.Clock):
+    """step.Clock that also keeps each stage's peak allocated CUDA memory (bytes; 0 elsewhere)."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.peaks = {}
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def __call__(self, stage):
+        super().__call__(stage)
+        if self.cuda:
+            self.peaks[stage] = max(self.peaks.get(stage, 0), torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+
+
+def random_model_dir(shape, device):
+    """A folder with random bf16 weights of `shape` (an alias of memory.SHAPES, or "tiny") and the
+    embedded tokenizer, so the model loads through models.load_model as train.py loads one."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from models import embedded_model_dir, load_tokenizer
+    tok = load_tokenizer(embedded_model_dir())
+    kw = dict(memory.SHAPES[shape]) if shape in memory.SHAPES else dict(TINY, vocab_size=len(tok))
+    config = AutoConfig.for_model(kw.pop("model_type"), **kw, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    d = tempfile.mkdtemp(prefix=f"gtpo-{shape}-")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    del model
+    return d
+
+
+def setup(args, folder, extra=()):
+    """(cfg, model, tok, optimizer, params) as train.py builds them for the bench's step."""
+    import train
+    from config import parse_args
+    from models import load_model, pick_dtype
+    cfg = parse_args(["--model", folder, "--dataset", "gsm8k", "--generation_size", "12", "--device", args.device,
+                      "--max_completion_length", str(args.gpu_step_tokens),
+                      "--lora_rank", "128" if args.gpu_shape == "llama-8b" else "64", "--entropy_filter", "all",
+                      "--load_in_4bit", "--dtype", "bfloat16", *extra])
+    model, tok, _ = load_model(folder, lora_rank=cfg.lora_rank, load_in_4bit=True, device=args.device,
+                               dtype=pick_dtype(cfg.dtype, args.device), log=lambda *a: None,
+                               gradient_checkpointing=cfg.gradient_checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, _ = train.make_optimizer(cfg, params, 1000, log=lambda *a: None)
+    return cfg, model, tok, optimizer, params
+
+
+def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
+    """step.rl_step + clip + optimizer step, `tokens` forced -> (metrics, PeakClock)."""
+    from bench import spread_score
+    cfg = dataclasses.replace(cfg, max_completion_length=tokens, min_new_tokens=tokens)
+    clock = PeakClock(cfg.device)
+    m, _, _ = steps.rl_step(model, model, tok, [prompt], [answer], cfg, clock=clock, reward_fn=spread_score)
+    m["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    clock("optimizer")
+    return m, clock
+
+
+def sampling(args, cfg, model, tok, prompt, res):
+    """Part 1: each sampler's seconds (the merged copy's build included), tokens/s and peak for G
+    rows of --gpu_sample_tokens forced tokens; the first call of each warms up (or compiles)."""
+    import merged_rollout
+    from bench import memory_bandwidth
+    from rollout import eos_ids, generate
+    L, G = args.gpu_sample_tokens, cfg.generation_size
+    bandwidth = memory_bandwidth(args.device)
+    plain = merged_rollout.merged_copy(model)
+    weights = {"generate": sum(p.numel() * p.element_size() for p in model.parameters()),   # NF4 + LoRA
+               "merged": sum(p.numel() * p.element_size() for p in plain.parameters())}     # dense bf16
+    del plain
+    enc = tok([prompt], return_tensors="pt", add_special_tokens=False,
+              pad_to_multiple_of=merged_rollout.PAD_MULTIPLE).to(args.device)
+    eos, pad = eos_ids(model, tok), tok.pad_token_id
+    print(f"\n1. sampling: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} tokens; "
+          f"bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print("| sampler | seconds | tok/s per sequence | tok/s in all | bound tok/s per sequence | of bound | peak GB |")
+    print("|---|---|---|---|---|---|---|")
+    res["sampling"] = {}
+    model.eval()
+    for name, (path, extra) in SAMPLERS.items():
+        if name == "merged+compile" and not args.device.startswith("cuda"):
+            continue                                            # transformers compiles on CUDA only
+        for _ in range(2):                                      # the first call warms up / compiles
+            clock = PeakClock(args.device)
+            with torch.no_grad(), autocast(model):
+                sampler = model if path == "generate" else merged_rollout.merged_copy(model)
+                kw = {} if path == "generate" else {**merged_rollout.generate_kwargs(args.device), **extra}
+                generate(sampler, enc["input_ids"], enc["attention_mask"], G, L, L, eos, pad, **kw)
+                del sampler
+            clock("generate")
+        sec = clock.parts["generate"]
+        bound = bandwidth / weights[path]                       # decode steps/s if weights stream once a step
+        row = {"seconds": sec, "tokens_per_s_per_sequence": L / sec, "tokens_per_s": G * L / sec,
+               "bound_per_sequence": bound, "share_of_bound": L / sec / bound,
+               "peak_gb": clock.peaks.get("generate", 0) / 1e9}
+        res["sampling"][name] = row
+        print(f"| {name} | {sec:.2f} | {L / sec:.1f} | {G * L / sec:.0f} | {bound:.0f} | {L / sec / bound:.0%} | "
+              f"{_gb(clock, 'generate')} |")
+    model.train()
+
+
+def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
+    """Part 2: one step at --gpu_step_tokens: seconds per stage, measured vs estimated peak."""
+    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    s = dataclasses.replace(memory.Settings.from_config(cfg, P, 2), completion_tokens=args.gpu_step_tokens)
+    est = memory.estimate(model.config, s)
+    one_step(cfg, model, tok, optimizer, params, prompt, answer, 8)                    # warm-up
+    m, clock = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
+    total = sum(clock.parts.values())
+    from rollout import resolve_path
+    print(f"\n2. step: G {cfg.generation_size} x {args.gpu_step_tokens} forced tokens, micro-batches of "
+          f"{cfg.micro_batch_size or 'all'}, checkpointing {'on' if cfg.gradient_checkpointing else 'off'}, rollout "
+          f"{resolve_path(cfg.rollout, cfg.device)}: {total:.1f} s")
+    print("| stage | seconds | peak GB measured | peak GB estimated |")
+    print("|---|---|---|---|")
+    stage_est = {"generate": est["sampling"], "forward": est["gradient"], "backward": est["gradient"]}
+    for stage, sec in clock.parts.items():
+        e = stage_est.get(stage)
+        print(f"| {stage} | {sec:.2f} | {_gb(clock, stage)} | {'' if e is None else f'{e / 1e9:.2f}'} |")
+    res["step"] = {"seconds": clock.parts, "total": total, "peaks": clock.peaks, "estimate": est,
+                   "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
+
+
+def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
+    """Part 3: the same 3 steps twice from one seed; where they differ, twice more under
+    torch.use_deterministic_algorithms (warn_only), whose warnings name the operations."""
+    from runs import weights_fingerprint
+    start = {id(p): p.detach().clone() for p in params}
+    opt_state = copy.deepcopy(optimizer.state_dict())
+
+    def run():
+        for p in params:
+            p.data.copy_(start[id(p)])
+        optimizer.load_state_dict(opt_state)
+        torch.manual_seed(0)
+        rows = [one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_det_tokens)[0]
+                for _ in range(3)]
+        return rows, weights_fingerprint(params)
+
+    def differ(a, b):
+        (ra, wa), (rb, wb) = a, b
+        keys = sorted({k for r in ra for k, v in r.items() if isinstance(v, float)
+                       and any(x.get(k) != y.get(k) for x, y in zip(ra, rb))})
+        return keys + (["weights"] if wa != wb else [])
+
+    print(f"\n3. determinism: 3 steps of {args.gpu_det_tokens} tokens, twice from seed 0")
+    first = differ(run(), run())
+    res["determinism"] = {"differ": first}
+    print(f"   {'identical: every metric and the weights bit for bit' if not first else 'differ: ' + ', '.join(first)}")
+    if first:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            second = differ(run(), run())
+        torch.use_deterministic_algorithms(False)
+        ops = sorted({str(w.message).split(" does not have a deterministic")[0] for w in caught
+                      if "deterministic" in str(w.message)})
+        res["determinism"].update(deterministic_algorithms=second, nondeterministic_ops=ops)
+        print(f"   with torch.use_deterministic_algorithms: "
+              f"{'identical' if not second else 'differ: ' + ', '.join(second)}; ops without a deterministic "
+              f"kernel: {'; '.join(ops) or 'none warned'}")
+
+
+def run(args, res):
+    """bench.py's `gpu` part (module docstring)."""
+    import train
+    from bench import bench_prompt
+    if args.device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # lets part 3 try deterministic cuBLAS
+    t0 = time.time()
+    if args.gpu_shape in memory.SHAPES or args.gpu_shape == "tiny":
+        folder = random_model_dir(args.gpu_shape, args.device)
+    else:                                               # a real model: alias or folder (models.resolve)
+        from models import resolve
+        folder = resolve(args.gpu_shape)[0]
+    cfg, model, tok, optimizer, params = setup(args, folder, args.flags.split())
+    prompt, answer = bench_prompt(tok, 250)
+    train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
+    res["gpu"] = {"shape": args.gpu_shape, "device": res["device"], "setup_seconds": time.time() - t0}
+    print(f"\n{args.gpu_shape} ({'random' if folder.startswith(tempfile.gettempdir()) else 'its own'} weights), 4-bit NF4, LoRA {cfg.lora_rank}, on {res['device']}: "
+          f"set up in {time.time() - t0:.0f} s")
+    for part in args.gpu_parts.split(","):
+        {"sampling": lambda: sampling(args, cfg, model, tok, prompt, res["gpu"]),
+         "step": lambda: paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
+         "determinism": lambda: determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
+         }[part]()
+        sys.stdout.flush()
+    res["gpu"]["seconds"] = time.time() - t0
+    print(f"\ngpu part: {time.time() - t0:.0f} s")
+    print(json.dumps({k: v for k, v in res["gpu"].items() if k == "determinism"}))
