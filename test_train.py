@@ -407,3 +407,28 @@ def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, ti
     assert [r_["step"] for r_ in rows] == [1] and rows[0]["completions/mean_length"] <= 8
     cfg = json.load(open(out / "config.json"))
     assert (cfg["optimizer"], cfg["batch_size"], cfg["generation_size"], cfg["dataset"]) == ("adamw_8bit", 2, 12, "gsm8k")
+
+
+def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
+    """On CUDA train.py fits the micro-batch to the budget before step 1 (memory.fit) in one line;
+    with --memory_budget_gb given it needs no device query, so it runs here."""
+    import dataclasses
+    import memory
+    from config import ConfigError, parse_args
+    from models import load_model
+    cfg = parse_args(["--model", tiny_model_dir, "--device", "cuda", "--no-load_in_4bit", "--lora_rank", "4",
+                      "--max_completion_length", "64", "--memory_budget_gb", "0.05"])
+    assert cfg.micro_batch_size is None and cfg.gradient_checkpointing and not cfg.share_prompt
+    model, _, _ = load_model(tiny_model_dir, lora_rank=4)
+    lines = []
+    train.plan_memory(cfg, model, 100, "cuda", lines.append)
+    s = dataclasses.replace(memory.Settings.from_config(cfg, 100, 4), micro_batch_size=cfg.micro_batch_size)
+    assert 1 <= cfg.micro_batch_size <= 12 and memory.estimate(model.config, s)["peak"] <= 0.05e9
+    if cfg.micro_batch_size < 12:
+        bigger = dataclasses.replace(s, micro_batch_size=cfg.micro_batch_size + 1)
+        assert memory.estimate(model.config, bigger)["peak"] > 0.05e9
+    assert len(lines) == 1 and lines[0].startswith("memory: estimated peak") and "of a 0.1 GB budget" in lines[0]
+    assert f"micro-batches of {cfg.micro_batch_size} completions, checkpointing on" in lines[0]
+    cfg.micro_batch_size, cfg.memory_budget_gb = None, 1e-4
+    with pytest.raises(ConfigError, match="does not fit"):
+        train.plan_memory(cfg, model, 100, "cuda", lines.append)
