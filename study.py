@@ -507,6 +507,8 @@ def questions():
     ood = solvable([n for n, p, *_ in RUNS if p == "main"])
     _ood = lambda d: pass1(d, "ood", ood)                                           # noqa: E731
     g_vs_r = [[(1, "gtpo-a6"), (-1, "grpo-a6")], [(1, "gtpo-a9"), (-1, "grpo-a9")]]
+    # seeds as the units: a seed's two Adam settings share its warm-up, prompts and first samples
+    by_seed = [[(0.5, "gtpo-a6"), (-0.5, "grpo-a6"), (0.5, "gtpo-a9"), (-0.5, "grpo-a9")]]
     inter = [[(1, "gtpo-a6"), (-1, "grpo-a6"), (-1, "gtpo-a9"), (1, "grpo-a9")]]
     hot = "Fig. 1's collapse comes after hundreds of steps; these runs have 20"
     eq6 = "delta_i acts only when <H>_ini < ln 2 (Eq. 6); <H>_ini was 1.2-1.6 here"
@@ -514,6 +516,9 @@ def questions():
         ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, "ID pass@1", _id, 1, None, None),
         ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, f"OOD pass@1, {len(ood)} solvable", _ood, 1, None, None),
         ("Q1", "GTPO above GRPO β=0 (Fig. 2)", g_vs_r, "training accuracy %", _train, 1, None, None),
+        ("Q1", "GTPO above GRPO β=0 (Fig. 2), seeds as units", by_seed, "ID pass@1", _id, 1, None, None),
+        ("Q1", "GTPO above GRPO β=0 (Fig. 2), seeds as units", by_seed, f"OOD pass@1, {len(ood)} solvable", _ood, 1,
+         None, None),
         ("Q1", "GTPO above GRPO β=1e-6 (Fig. 2)", [[(1, "gtpo-a9"), (-1, "grpo-kl6")]], "ID pass@1", _id, 1, None,
          None),
         ("Q2", "(no claim) GTPO's edge the same under both Adam settings", inter, "ID pass@1", _id, 0, None, None),
@@ -587,6 +592,8 @@ def question_rows():
         mean, p = statistics.fmean(diffs), sign_flip_p(diffs)
         ci = bootstrap_ci([c for *_, c in units]) if all(c is not None for *_, c in units) else None
         terms = " ".join(f"{'+' if c > 0 else '−'} {n}" for c, n in contrasts[0]).lstrip("+ ")
+        if abs(contrasts[0][0][0]) != 1:                # a mean over terms: (gtpo-a6 − grpo-a6 + ...) / 2
+            terms = f"({terms}) / {round(1 / abs(contrasts[0][0][0]))}"
         out.append({"q": label, "claim": claim, "contrast": terms + (" (both Adam settings)" if len(contrasts) > 1
                                                                     else ""),
                     "metric": metric_name, "units": len(units), "values": diffs, "mean": mean, "p": p, "ci": ci,
@@ -729,9 +736,11 @@ def worked(attempt):
     return attempt["seconds"] - attempt.get("paused_seconds", 0)
 
 
-def cost_hours():
-    """Worker-hours spent on the current design's runs and evaluations (every attempt, worked())."""
-    return sum(worked(t) for run_id, *_ in jobs() for d in [load(run_id)] if d
+def cost_hours(collapse=False):
+    """Worker-hours spent on the runs and evaluations of the main and long parts, or with
+    collapse=True of the collapse part (every attempt, worked())."""
+    part = {run_id for run_id, *_ in collapse_jobs()}
+    return sum(worked(t) for run_id, *_ in jobs() if (run_id in part) == collapse for d in [load(run_id)] if d
                for ts in d.get("times.json", {}).values() for t in ts) / 3600
 
 
@@ -745,7 +754,8 @@ def write_summary():
         f"## Q4: collapse over 200 steps — {q4_rule}", ""] + q4 + [
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
-        "", f"Worker-hours (every attempt, both workers summed): {cost_hours():.2f}"]
+        "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "
+        f"collapse part so far {cost_hours(collapse=True):.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule})
     print("\n".join(lines))
