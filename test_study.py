@@ -124,7 +124,8 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
     assert "Q5: conflict tokens are mostly format tokens (Sec. 4.1) — holds" in text
     assert "| GTPO, Adam β 0.999999 | 3 | 0.60 0.60 0.60 | 0.40 0.40 0.40 |" in text
-    assert "Worker-hours (every attempt, both workers summed): 3.17" in text     # 19 runs x 600 s
+    assert "Worker-hours (every attempt, both workers summed): main and long parts 3.17; collapse part so far 0.00" \
+        in text                                                                  # 19 runs x 600 s
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished
@@ -158,3 +159,27 @@ def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
     assert study.cost_hours() == pytest.approx((600 + 1200) / 3600)
     row = next(line for line in study.summary_lines() if line.startswith("| GTPO, Adam β 0.999999 |"))
     assert row.endswith("| 10.0 ± 0.0 |")                               # train minutes: 600 s worked
+
+
+def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_path, monkeypatch):
+    """Part 3 (docs/study.md): the pilot runs rung by rung; the first rung whose GRPO run collapses
+    is the test's setting, later rungs are skipped, and the test's jobs (fresh seeds, both methods)
+    join the table with that rung's flags. A run stopped on non-finite losses counts as collapsed."""
+    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    assert study.chosen_rung() is None
+    assert not any(j[0].startswith("collapse-") for j in study.collapse_jobs())
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "entropy": 0.3} for k in range(1, 101)]
+    broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if r["step"] > 60 else {})) for r in calm]
+    for run_id, rows in (("pilot-r1-grpo-s11", calm), ("pilot-r2-grpo-s11", broke)):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert study.chosen_rung() == "r2"
+    assert not study.pilot_skipped("pilot-r2-gtpo-s11") and study.pilot_skipped("pilot-r3-grpo-s11")
+    tests = [j for j in study.collapse_jobs() if j[0].startswith("collapse-")]
+    assert sorted({j[2] for j in tests}) == list(study.TEST_SEEDS) and len(tests) == 2 * len(study.TEST_SEEDS)
+    flags = tests[0][1]
+    assert flags[flags.index("--lr") + 1] == "1e-3" and flags[flags.index("--dataset") + 1] == "arithmetic"
+    assert flags[:len(study.COMMON)] == study.COMMON and {j[3] for j in tests} == \
+        {f"warmup-collapse-s{s}" for s in study.TEST_SEEDS}
+    assert study.collapse_step(calm[:40], {"step": 40}) == 40                     # diverged: collapsed there
+    assert study.collapse_step(broke, {"step": 99}) < 99                           # the rule's earlier step wins
