@@ -142,11 +142,22 @@ def save_folder(path, write):
     os.rename(tmp, path)
 
 
+def save_weights(model, folder):
+    """The adapter (PEFT format, from the trainable tensors alone) or the full model. A LoRA model's
+    full state_dict() is never taken: bitsandbytes' CPU backend converts repacked 4-bit layers back
+    in place when it is, which would change the base a run continues with."""
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(folder, state_dict={n: p.detach() for n, p in model.named_parameters()
+                                                  if p.requires_grad})
+    else:
+        model.save_pretrained(folder)
+
+
 def save_checkpoint(path, model, tokenizer, optimizer, scheduler, state):
     """Adapter (PEFT format) or full model + optimizer, scheduler and `state` (step, RNG of every
     rank, config, <H>_ini) in trainer_state.pt, saved through save_folder."""
     def write(tmp):
-        model.save_pretrained(tmp)
+        save_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **state},
                    os.path.join(tmp, "trainer_state.pt"))
@@ -252,10 +263,14 @@ class Dist:
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.startswith("cuda") else None)
 
     def mean(self, values):
-        """Average a dict of floats over ranks (same keys on every rank)."""
+        """Average a dict of floats over ranks; every rank must give the same keys (checked: a
+        mismatch would otherwise pair one rank's value with another's, or hang the collective)."""
         if self.world == 1:
             return values
         keys = sorted(values)
+        every = self.gather(keys)
+        if any(k != keys for k in every):
+            raise RuntimeError(f"ranks report different metrics: {[sorted(set(k) ^ set(keys)) for k in every]}")
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(t)
         return dict(zip(keys, (t / self.world).tolist()))

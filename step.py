@@ -126,8 +126,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
             ro.completion_ids, mask, adv, G, pos_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
     if conflict_log is not None:
         conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
-    if cfg.method == "gtpo" or conflict_log is not None:
-        clock("masks")
+    clock("masks")                                  # on every rank: ranks average the same metric keys
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
     h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))

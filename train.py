@@ -25,7 +25,7 @@ from data import DataError, filter_by_prompt_length, format_prompt, load_task, o
 from logprobs import PolicyPass
 from models import ModelError, heap_mmap_threshold, load_model, pick_dtype
 from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
-                  save_checkpoint, save_folder, weights_fingerprint, write_json)
+                  save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)
 
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 
@@ -127,6 +127,21 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
         f"-> entropy filter {cfg.gate} (Eq. 6)")
 
 
+def epoch_steps(n_records, batch_size, world, log):
+    """Optimizer steps per epoch: whole steps of B prompts on each of W ranks. The remainder of an
+    epoch is left out, as a DataLoader's drop_last does (each epoch draws a fresh order, so it is not
+    always the same prompts); a step with no prompt on some rank could not run."""
+    per_step = batch_size * world
+    steps, left = divmod(n_records, per_step)
+    if steps == 0:
+        raise DataError(f"{n_records} training prompts cannot fill one step of {batch_size} prompt(s) on each of "
+                        f"{world} rank(s); lower --batch_size or the number of ranks")
+    if left:
+        log(f"epoch: {steps} steps of {batch_size} prompt(s) x {world} rank(s); {left} of {n_records} prompts left "
+            f"out of each epoch (a fresh order every epoch)")
+    return steps
+
+
 def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
     """This rank's n records for optimizer step k: epoch order from a seeded permutation, rank r
     takes slice r of each step's share. wrap: the SFT warm-up's n = B x G records, read on
@@ -156,7 +171,7 @@ def train(cfg, dist, stop):
     records, example = load_records(cfg, tok, log)
     if str(dist.device).startswith("cuda"):
         plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log)
-    steps_per_epoch = math.ceil(len(records) / (cfg.batch_size * dist.world))   # B prompts x W ranks a step
+    steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(cfg, params, total, log)
@@ -293,7 +308,7 @@ def finish(cfg, model, tok, params, dist, log):
             raise RuntimeError(f"DDP ranks ended with different weights: {prints}")
         log(f"ddp: trainable weights bit-identical on all {dist.world} ranks")
     if dist.main:
-        save_folder(os.path.join(cfg.output_dir, "final"), lambda tmp: (model.save_pretrained(tmp),
+        save_folder(os.path.join(cfg.output_dir, "final"), lambda tmp: (save_weights(model, tmp),
                                                                         tok.save_pretrained(tmp)))
     log(f"done: adapter/model in {os.path.join(cfg.output_dir, 'final')}, "
         f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}")
