@@ -412,6 +412,86 @@ sys.exit(train.main(sys.argv[1:]))
 '''
 
 
+DDP_METHODS_HELPER = '''
+import json, os, sys, torch
+sys.path.insert(0, {here!r})
+import runs, step, train
+rank = int(os.environ["RANK"])
+def fake_score(texts, answers, task, counts=None):          # spread within each group on both ranks
+    r = (torch.arange(len(texts)) % 3).float() + rank
+    return r, r, torch.zeros_like(r)
+step.score = fake_score
+keys, mean = [], runs.Dist.mean
+def record(self, values):                                   # the metric keys each rank averages
+    keys.append(sorted(values))
+    return mean(self, values)
+runs.Dist.mean = record
+stops, Flag = [], train.StopFlag
+class Stop(Flag):                                           # STOP_AFTER: a SIGTERM after that many steps
+    def __init__(self):
+        super().__init__()
+        stops.append(self)
+train.StopFlag = Stop
+step_, calls = train.optimizer_step, [0]
+def counted(*a, **k):
+    out = step_(*a, **k)
+    calls[0] += 1
+    if calls[0] == int(os.environ.get("STOP_AFTER", "0")):
+        stops[0].signal = "SIGTERM"
+    return out
+train.optimizer_step = counted
+code = train.main(sys.argv[1:])
+with open(os.path.join(os.environ["KEYS_DIR"], f"keys-{{rank}}.json"), "w") as f:
+    json.dump(keys, f)
+sys.exit(code)
+'''
+
+
+def _torchrun(helper, argv, port, **env):
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(helper)]
+    return subprocess.run(run + argv, capture_output=True, text=True, env={**ENV, **env}, timeout=600)
+
+
+@pytest.mark.parametrize("method", [["--use_gtpo"], ["--use_grpo"], ["--use_grpo", "--beta", "0.04"], ["--use_sft"]])
+def test_two_ranks_every_method_same_metric_keys_and_weights(tmp_path, tiny_args, method):
+    """Each method trains 2 steps on 2 ranks (gloo): every rank averages the same metric keys at
+    every step, and the ranks end bit-identical (train.finish checks and says so)."""
+    helper = tmp_path / "ddp_methods.py"
+    helper.write_text(DDP_METHODS_HELPER.format(here=HERE))
+    out = tmp_path / "run"
+    r = _torchrun(helper, tiny_args(out, max_steps=2, generation_size=2, max_completion_length=4,
+                                    optimizer="adamw_torch", lr=1e-2, warmup_ratio=0) + method, 29541,
+                  KEYS_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "trainable weights bit-identical on all 2 ranks" in r.stdout
+    k0, k1 = (json.loads((tmp_path / f"keys-{rank}.json").read_text()) for rank in (0, 1))
+    assert len(k0) == 2 and k0 == k1
+    assert [x["step"] for x in _rows(str(out))] == [1, 2]
+
+
+def test_two_ranks_finish_an_uneven_epoch_and_resume_across_ranks(tmp_path, tiny_args):
+    """5 prompts on 2 ranks at batch 1: 2 steps an epoch, one prompt left out of each (logged);
+    stopped after step 1 (SIGTERM on both ranks), then --resume: the epoch ends and final/ is written."""
+    data = tmp_path / "five.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(5)))
+    helper = tmp_path / "ddp_methods.py"
+    helper.write_text(DDP_METHODS_HELPER.format(here=HERE))
+    out = tmp_path / "run"
+    argv = tiny_args(out, dataset=str(data), epochs=2, max_steps=-1, save_steps=1, generation_size=2,
+                     max_completion_length=4, optimizer="adamw_torch", lr=1e-2, warmup_ratio=0)
+    r = _torchrun(helper, argv, 29542, KEYS_DIR=str(tmp_path), STOP_AFTER="1")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "2 steps of 1 prompt(s) x 2 rank(s); 1 of 5 prompts left out of each epoch" in r.stdout
+    assert "stopped after step 1 of 4" in r.stdout and not (out / "final").exists()
+    r = _torchrun(helper, argv + ["--resume"], 29543, KEYS_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "resumed from" in r.stdout and "trainable weights bit-identical on all 2 ranks" in r.stdout
+    assert [x["step"] for x in _rows(str(out))] == [1, 2, 3, 4] and [x["epoch"] for x in _rows(str(out))] == [0, 0, 1, 1]
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
 def test_torchrun_two_processes(tmp_path, tiny_args):
     helper = tmp_path / "ddp_train.py"
     helper.write_text(DDP_HELPER.format(here=HERE))
