@@ -90,6 +90,9 @@ class Config:
                            group="run", type=str)
     overwrite: bool = flag(False, "reuse an output_dir that holds another run (its files are replaced)", group="run")
     resume: bool = flag(False, "continue from the last checkpoint in output_dir", group="run")
+    allow_changes: str = flag("", "with --resume: recipe or objective settings that may differ from the run's "
+                              "(comma-separated, e.g. lr,max_steps); recorded in config.json", group="run",
+                              metavar="NAME,...")
     init_from: str = flag(None, "start from another run's final/ or checkpoint-N/ weights (e.g. SFT, then RL); "
                           "same --lora_rank", group="run", type=str, metavar="DIR")
     device: str = flag(None, "cuda, cuda:1 or cpu [default: cuda if available]", group="run", type=str)
@@ -138,6 +141,14 @@ class Config:
             raise ValueError("entropy_filter 'auto' needs <H>_ini (Config.h_ini); measure it first "
                              "(step.initial_entropy) or choose all, neg or off")
         return "all" if self.h_ini < math.log(2) else "off"
+
+
+def identity_keys():
+    """The settings that make a run's experiment: the method, every recipe and objective setting, and
+    the starting weights. --resume refuses a run whose values differ (runs.prepare_output_dir) unless
+    --allow_changes names them."""
+    return ["method", "init_from"] + [f.name for f in dataclasses.fields(Config)
+                                      if f.metadata.get("group") in ("recipe", "objective")]
 
 
 def default_help(f):
@@ -205,6 +216,10 @@ def finish(cfg):
         raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
                           f"or -1 to let --epochs decide")
     check_data_dir(cfg.data_dir)                        # before the model loads
+    unknown = {k for k in cfg.allow_changes.split(",") if k} - set(identity_keys())
+    if unknown:
+        raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "
+                          f"identity ({', '.join(identity_keys())}); other settings may change on --resume freely")
     cuda = cfg.device.startswith("cuda")
     if cfg.gradient_checkpointing is None:              # activations dominate a GPU step's memory
         cfg.gradient_checkpointing = cuda

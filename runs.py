@@ -13,10 +13,6 @@ import torch
 
 from data import read_jsonl
 
-# a run's identity: --resume refuses a checkpoint whose values differ
-RUN_KEYS = ("method", "model", "dataset", "lora_rank", "generation_size", "batch_size", "seed")
-
-
 class ConfigError(ValueError):
     """A flag or run folder that cannot work; the message says how to fix it."""
 
@@ -28,8 +24,10 @@ class SaveError(OSError):
 # -----------------------------------------------------------------------------
 # the run folder
 
-def prepare_output_dir(out, config, resume, overwrite):
-    """Refuse to mix two runs in one folder; on --resume check the checkpoint fits this config."""
+def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=()):
+    """Refuse to mix two runs in one folder. On --resume, the settings in `identity` must equal the
+    run's (config.json) but for those in `allowed`. Returns {key: (the run's value, this one)} of
+    the allowed changes, for config.json."""
     cfg_path = os.path.join(out, "config.json")
     if os.path.exists(cfg_path):
         try:
@@ -38,11 +36,14 @@ def prepare_output_dir(out, config, resume, overwrite):
             raise ConfigError(f"{cfg_path} is unreadable ({e}); it was not written by this version's atomic "
                               f"writer. Restore it, or start afresh with --overwrite or another --output_dir") from None
         if resume:
-            diff = {k: (old.get(k), config[k]) for k in RUN_KEYS if old.get(k) != config[k]}
-            if diff:
-                raise ConfigError(f"--resume: {out} holds a run with a different config "
-                                  + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in diff.items())
-                                  + "; use the same flags or another --output_dir")
+            diff = {k: (old[k], config[k]) for k in identity if k in old and old[k] != config[k]}
+            refused = {k: v for k, v in diff.items() if k not in allowed}
+            if refused:
+                raise ConfigError(f"--resume: {out} holds a run with other settings ("
+                                  + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in refused.items())
+                                  + "), which would continue it as another experiment under the same name; use "
+                                  f"the same flags, another --output_dir, or --allow_changes {','.join(refused)}")
+            return diff
         elif not overwrite:
             raise ConfigError(f"{out} already holds a run: pass --resume to continue it, "
                               f"--overwrite to replace it, or another --output_dir")
@@ -55,6 +56,7 @@ def prepare_output_dir(out, config, resume, overwrite):
     elif resume:
         raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
     os.makedirs(out, exist_ok=True)
+    return {}
 
 
 def read_json(path):
@@ -171,12 +173,11 @@ def load_weights(model, path):
         loaded = set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter_model.safetensors")))
         if loaded.unexpected_keys:                      # strict=False would load nothing, silently
             raise RuntimeError(f"adapter weights for another model: {loaded.unexpected_keys[:2]}")
-    else:
-        from transformers.modeling_utils import load_sharded_checkpoint
-        if os.path.exists(os.path.join(path, "model.safetensors")):
-            model.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
-        else:
-            load_sharded_checkpoint(model, path)
+    else:                                               # one file, or shards listed in an index
+        index = os.path.join(path, "model.safetensors.index.json")
+        files = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+        for f in files:
+            model.load_state_dict(load_file(os.path.join(path, f)), strict=False)
 
 
 def load_start_weights(model, path):

@@ -347,6 +347,50 @@ def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_cli):
     assert all(torch.equal(w[k], w_before[k]) for k in w)
 
 
+def test_resume_refuses_a_changed_objective_or_schedule_unless_allowed(tmp_path, tiny_args, capsys):
+    """The recipe and objective settings are the run's identity: --resume with another value stops
+    with exit 2 and names the flag to allow it; --allow_changes continues and config.json records it."""
+    out = str(tmp_path / "run")
+
+    def args(*extra, **over):
+        return tiny_args(**{"out": out, "generation_size": 2, "max_completion_length": 4, "max_steps": 1,
+                            **over}) + list(extra)
+    assert train.cli(args()) == 0
+    before = _bytes(os.path.join(out, "config.json"))
+    for over, key in [({"lr": "3e-4"}, "lr"), ({"beta": "0.04"}, "beta"), ({"entropy_filter": "all"}, "entropy_filter"),
+                      ({"ent_gamma": "0.5"}, "ent_gamma"), ({"max_steps": "2"}, "max_steps"),
+                      ({"temperature": "0.7"}, "temperature")]:
+        assert train.cli(args("--resume", **over)) == 2
+        err = capsys.readouterr().err
+        assert f"{key}: " in err and f"--allow_changes {key}" in err, err
+        assert _bytes(os.path.join(out, "config.json")) == before
+    assert train.cli(args("--resume", "--allow_changes", "max_steps,lr", max_steps="2", lr="3e-4")) == 0
+    cfg = json.loads(_bytes(os.path.join(out, "config.json")))
+    assert cfg["max_steps"] == 2 and cfg["changes_on_resume"] == [
+        {"at_step": 1, "lr": {"was": 1e-06, "now": 0.0003}, "max_steps": {"was": 1, "now": 2}}]
+    assert [x["step"] for x in _rows(out)] == [1, 2]
+    assert train.cli(args("--resume", "--allow_changes", "save_steps", max_steps="2")) == 2
+    assert "not among the run's identity" in capsys.readouterr().err
+
+
+def test_resumed_grpo_keeps_the_starting_model_as_reference(tmp_path, tiny_args, tiny_model_dir, monkeypatch):
+    """Full fine-tuning with beta > 0 keeps a frozen copy as pi_ref: on --resume it is the model the
+    run started from, not the checkpoint's weights."""
+    from safetensors.torch import load_file
+    refs, make = [], train.reference_model
+    monkeypatch.setattr(train, "reference_model", lambda cfg, model: refs.append(make(cfg, model)) or refs[-1])
+    out = str(tmp_path / "run")
+    argv = tiny_args(out, lora_rank=0, max_steps=1, generation_size=2, max_completion_length=4, optimizer="adamw_torch",
+                     lr=1e-2, warmup_ratio=0) + ["--use_grpo", "--beta", "0.04"]
+    assert train.main(argv) == 0
+    assert train.main(argv + ["--resume", "--allow_changes", "max_steps", "--max_steps", "2"]) == 0
+    start = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    ckpt = load_file(os.path.join(out, "checkpoint-1", "model.safetensors"))
+    ref = refs[-1].state_dict()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(ref[name], start[name]) and not torch.equal(ckpt[name], start[name])
+
+
 # -----------------------------------------------------------------------------
 # numerical degenerate cases (in-process, tiny model)
 

@@ -432,3 +432,18 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     cfg.micro_batch_size, cfg.memory_budget_gb = None, 1e-4
     with pytest.raises(ConfigError, match="does not fit"):
         train.plan_memory(cfg, model, 100, "cuda", lines.append)
+
+
+@pytest.mark.parametrize("shard", [None, "100KB"])
+def test_full_weights_load_from_one_file_or_shards(tmp_path, tiny_lm, shard):
+    """runs.load_weights (--resume and --init_from of a full fine-tuning run): model.safetensors, or
+    the shards its index lists."""
+    from runs import load_weights
+    src, dst = tiny_lm(), tiny_lm()
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(1.0)
+    src.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+    assert os.path.exists(tmp_path / "model.safetensors.index.json") == bool(shard)
+    load_weights(dst, str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))

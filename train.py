@@ -19,13 +19,13 @@ import time
 import torch
 
 import step
-from config import ConfigError, parse_args
+from config import ConfigError, identity_keys, parse_args
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example
 from logprobs import PolicyPass
 from models import ModelError, heap_mmap_threshold, load_model, pick_dtype
 from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
-                  save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)
+                  read_json, save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)
 
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 
@@ -162,8 +162,10 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
+    changes = {}
     if dist.main:
-        prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite)
+        changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite,
+                                     identity_keys(), cfg.allow_changes.split(","))
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
@@ -175,6 +177,7 @@ def train(cfg, dist, stop):
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(cfg, params, total, log)
+    ref_model = reference_model(cfg, model)             # pi_ref is the starting model: before resume
     state = resume(cfg.output_dir, model, optimizer, scheduler, dist, log) if cfg.resume else {"step": 0}
     if state.get("checkpoint"):
         log(f"resumed from {state['checkpoint']} at step {state['step']}")
@@ -182,8 +185,7 @@ def train(cfg, dist, stop):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     measure_h_ini(cfg, state, model, tok, records, example, dist, log)
     if dist.main:
-        write_config(cfg, total, dist.world)
-    ref_model = reference_model(cfg, model)
+        write_config(cfg, total, dist.world, changes, state["step"])
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
@@ -223,11 +225,15 @@ def train(cfg, dist, stop):
     return 0
 
 
-def write_config(cfg, total_steps, world):
-    """config.json: every setting as the run uses it, and what setup decided (<H>_ini, Eq. 6's gate)."""
-    write_json(os.path.join(cfg.output_dir, "config.json"),
-               {**dataclasses.asdict(cfg), "entropy_filter_applied": cfg.gate, "total_steps": total_steps,
-                "world_size": world})
+def write_config(cfg, total_steps, world, changes=None, step=0):
+    """config.json: every setting as the run uses it, what setup decided (<H>_ini, Eq. 6's gate), and
+    each resume that changed an identity setting (--allow_changes): at which step, from what to what."""
+    path = os.path.join(cfg.output_dir, "config.json")
+    history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
+    if changes:
+        history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
+    write_json(path, {**dataclasses.asdict(cfg), "entropy_filter_applied": cfg.gate, "total_steps": total_steps,
+                      "world_size": world, "changes_on_resume": history})
 
 
 def reference_model(cfg, model):
