@@ -172,7 +172,7 @@ def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pa
     `generate(do_sample=True, top_k=0)` does: EOS barred before min_new_tokens, rows that have
     emitted an EOS continue with pad_id, and it stops when every row has one.
     last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens,
-    and with_entropy the entropy of pi (the untempered logits) at each step, (N, L), else None."""
+    and with_entropy the entropy of softmax(logits / temperature) at each step, (N, L), else None."""
     eos_t = torch.tensor(eos, device=last_ids.device)
     pos = positions(attn)[:, -1:]                                     # (N, 1)
     done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
@@ -181,7 +181,7 @@ def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pa
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]                # (N, V)
         if with_entropy:
-            ent.append(token_entropy(logits))                         # (N,)
+            ent.append(token_entropy(logits / temperature))           # (N,) of the sampled distribution
         if t < min_new_tokens:
             logits[:, eos_t] = float("-inf")
         nxt = sample_next(logits, temperature, top_p).masked_fill_(done, pad_id)    # (N,)

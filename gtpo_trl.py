@@ -18,7 +18,9 @@ Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/mean_weight (and gtpo/h_ini wi
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
     python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
 """
+import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +62,19 @@ class GTPOConfig(GRPOConfig):
         for name, (value, want, why) in wrong.items():
             if value != want:
                 raise ValueError(f"GTPOConfig: {name}={value!r} is not supported ({why}); use {want!r}")
+        off_policy = {   # what would make a step's completions not the policy's own samples (Eq. 22: ratio 1)
+            "num_iterations": (self.num_iterations != 1, "several updates per generation; GTPO's gradient (Eq. 22) "
+                               "is the one-iteration case: use 1"),
+            "steps_per_generation": (self.steps_per_generation > self.gradient_accumulation_steps,
+                                     "one generation reused for several optimizer steps; use at most "
+                                     "gradient_accumulation_steps"),
+            "vllm_importance_sampling_correction": (self.use_vllm and self.vllm_importance_sampling_correction,
+                                                    "reweights tokens by vLLM's sampling probabilities, which GTPO's "
+                                                    "per-token weights do not include: set it False"),
+        }
+        for name, (bad, why) in off_policy.items():
+            if bad:
+                raise ValueError(f"GTPOConfig: {name}={getattr(self, name)!r} is not supported ({why})")
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
                              f"('none' = the released code)")
@@ -92,6 +107,9 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
     return per_token, metrics
 
 
+STATE_FILE = "gtpo_state.json"
+
+
 class GTPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages are GTPO's per-token ones (token_advantages); nothing else changes."""
 
@@ -116,8 +134,28 @@ class GTPOTrainer(GRPOTrainer):
             self._metrics[mode][k].append(v)
         return out
 
+    def _save_checkpoint(self, model, trial):
+        """TRL's checkpoint, and <H>_ini beside it (gtpo_state.json): Eq. 6's decision survives a resume."""
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.args.should_save and os.path.isdir(folder):
+            with open(os.path.join(folder, STATE_FILE), "w") as f:
+                json.dump({"h_ini": self._h_ini}, f)
+
+    def train(self, resume_from_checkpoint=None, **kw):
+        """GRPOTrainer.train; resuming from a checkpoint also restores <H>_ini (_save_checkpoint)."""
+        folder = resume_from_checkpoint
+        if folder is True:
+            from transformers.trainer_utils import get_last_checkpoint
+            folder = get_last_checkpoint(self.args.output_dir)
+        if isinstance(folder, str) and os.path.isfile(os.path.join(folder, STATE_FILE)):
+            with open(os.path.join(folder, STATE_FILE)) as f:
+                self._h_ini = json.load(f)["h_ini"]
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
+
     def _gate(self, all_h, mode):
-        """Eq. 6: "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first training batch."""
+        """Eq. 6: "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first training batch
+        (saved with each checkpoint and restored on resume)."""
         if self.args.entropy_filter != "auto":
             return self.args.entropy_filter
         if self._h_ini is None and mode == "train":
@@ -138,7 +176,8 @@ class GTPOTrainer(GRPOTrainer):
         self.model.eval()                       # the sampling policy (no dropout); keeps the KV cache the
         try:                                    # shared prompt needs when gradient checkpointing is on
             _, ent = sequence_logprobs(self.model, p_ids[new_prompt], p_mask[new_prompt], out["completion_ids"],
-                                       out["completion_mask"], prompt_index=prompt_index)   # (n, T)
+                                       out["completion_mask"], prompt_index=prompt_index,
+                                       temperature=self.temperature)                 # (n, T), as TRL's logps
         finally:
             self.model.train(was_training)
         return gtpo.masked_mean(ent, out["completion_mask"], dim=1)                  # (n,)

@@ -33,15 +33,16 @@ class ChunkedLogprobs(torch.autograd.Function):
     fp32 = 9 GB). The head runs in fp32 whatever the weights' dtype (autocast off, bf16 weights
     and hidden states upcast), so log-probs and entropy have fp32 precision.
 
-    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk
-              -> logp (T,) float32, entropy (T,) float32 (no gradient; Eq. 7's gamma acts
-              through the advantage) -- both from each chunk's fp32 logits.
+    forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk,
+              with_entropy, temperature -> logp (T,) float32, entropy (T,) float32 (no gradient;
+              Eq. 7's gamma acts through the advantage) -- both of softmax(logits / temperature),
+              the distribution the completions were sampled from, from each chunk's fp32 logits.
     backward: recomputes each chunk's logits and forms d logp / d z = onehot(target) - softmax(z)
               in place, so the peak extra memory is about one (logprob_chunk, V) fp32 block.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy, temperature=1.0):
         T = hidden.shape[0]
         logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
@@ -50,6 +51,8 @@ class ChunkedLogprobs(torch.autograd.Function):
         for s in range(0, T, c):
             with torch.autocast(hidden.device.type, enabled=False):
                 z = F.linear(hidden[s:s + c].float(), w, b)                          # (c, V) fp32
+            if temperature != 1.0:
+                z.div_(temperature)
             lse = _rows_logsumexp(z)                                                 # (c,)
             logp[s:s + c] = z.gather(1, targets[s:s + c, None]).squeeze(1) - lse
             if with_entropy:                                                         # H = -sum p log p
@@ -59,7 +62,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                     ent[s + r:s + r + zr.shape[0]] = -zr.exp().mul_(zr).sum(dim=-1)
             del z
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.logprob_chunk = c
+        ctx.logprob_chunk, ctx.temperature = c, temperature
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -76,6 +79,9 @@ class ChunkedLogprobs(torch.autograd.Function):
             h, t, g = hidden[s:s + c].float(), targets[s:s + c], g_logp[s:s + c].float()
             with torch.autocast(hidden.device.type, enabled=False):
                 z = F.linear(h, w, b)                                                # (c, V) fp32
+            if ctx.temperature != 1.0:
+                z.div_(ctx.temperature)
+                g = g / ctx.temperature                                              # d(z / T) / dz
             z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
             z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
             if need_h:
@@ -86,7 +92,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_b += z.sum(0)
             del z
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+                grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
 
 
 def lm_head_of(model):
@@ -159,8 +165,10 @@ class PolicyPass(torch.nn.Module):
 
 
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, logprob_chunk=256, prompt_index=None):
-    """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}.
+                      with_entropy=True, logprob_chunk=256, prompt_index=None, temperature=1.0):
+    """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}, where pi is
+    softmax(logits / temperature): the distribution the completions were sampled from (TRL's
+    convention too; the paper's T = 1 makes it the model's own softmax).
 
     model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index: see PolicyPass
     (None: one row of prompt_ids per completion). With logprob_chunk > 0 the model returns only its
@@ -176,10 +184,11 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
         hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index)  # (N, L, D)
         keep = completion_mask.bool()                                     # (N, L)
         logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
-                                          logprob_chunk, with_entropy)
+                                          logprob_chunk, with_entropy, temperature)
         zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
         return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
     logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True)  # (N, L, V)
+    logits = logits / temperature if temperature != 1.0 else logits
     logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
     entropy = None
     if with_entropy:

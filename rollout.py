@@ -57,14 +57,15 @@ def completion_mask(ids, eos):
 def generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
              top_p=1.0, with_entropy=False, **extra):
     """G samples per prompt with `model.generate` over B x G copies of the prompts (top_k = 0: the
-    untruncated softmax). ids, attn (B, P) -> (tokens (B*G, L), H_t (B*G, L) of the untempered
-    logits or None). extra: more `generate` arguments (merged_rollout.generate_kwargs)."""
+    untruncated softmax). ids, attn (B, P) -> (tokens (B*G, L), H_t (B*G, L) of softmax(logits /
+    temperature), the sampled distribution, or None). extra: more `generate` arguments
+    (merged_rollout.generate_kwargs)."""
     ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)   # (B*G, P)
     out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
                          top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                          eos_token_id=eos, pad_token_id=pad_id, use_cache=True, return_dict_in_generate=True,
                          output_logits=with_entropy, **extra)
-    entropy = torch.stack([token_entropy(z) for z in out.logits], dim=1) if with_entropy else None
+    entropy = torch.stack([token_entropy(z / temperature) for z in out.logits], dim=1) if with_entropy else None
     return out.sequences[:, ids.shape[1]:], entropy                              # (N, L), (N, L)
 
 
@@ -77,8 +78,9 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     in rows b*G ... b*G+G-1. path: see resolve_path; "shared" needs prompts of >= 2 tokens and
     otherwise uses `generate`; "merged" samples from merged_rollout.merged_copy (prompts then
     left-padded to a multiple of PAD_MULTIPLE). merge_lora: the shared path's merged-LoRA sampling.
-    with_entropy: also return H_t of pi (untempered) at every sampled position, from the logits the
-    sampling computes anyway (what a policy pass would give, without one).
+    with_entropy: also return H_t of the sampled distribution softmax(logits / temperature) at every
+    sampled position, from the logits the sampling computes anyway (what the gradient pass's
+    logprobs.sequence_logprobs gives, without a pass).
     """
     device = next(model.parameters()).device
     path = resolve_path(path, device)

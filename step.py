@@ -89,7 +89,8 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
     with torch.no_grad(), ctx, autocast(model):
         ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, prompt[0], prompt[1],
                                    ro.completion_ids[rows], ro.completion_mask[rows], with_entropy=False,
-                                   logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
+                                   logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
+                                   temperature=cfg.temperature)
     return ref
 
 
@@ -156,7 +157,8 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
                 clock("reference")
             with autocast(model):
                 logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
-                                              logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2])
+                                              logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
+                                              temperature=cfg.temperature)                # of what was sampled
                 h = gtpo.masked_mean(ent, mask[rows], dim=1)                          # (n,) <H>_i
                 loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
                                           None if weights is None else weights[rows],

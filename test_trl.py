@@ -46,8 +46,10 @@ def _trainer(tmp_path, model, tok, **kw):
     return t
 
 
-@pytest.mark.parametrize("gate,norm", [("off", False), ("all", False), ("neg", True), ("all", True)])
-def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm):
+@pytest.mark.parametrize("gate,norm,temperature", [("off", False, 1.0), ("all", False, 1.0), ("neg", True, 1.0),
+                                                   ("all", True, 1.0), ("all", False, 0.7)])
+def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature):
+    """Both take log-probs and entropies of softmax(logits / T), the sampled distribution."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     ids, mask, adv = _planted(model.config.vocab_size)
     ids = ids.masked_fill(mask == 0, tok.pad_token_id)
@@ -55,9 +57,12 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     p_ids = torch.randint(5, model.config.vocab_size, (N, 5), generator=torch.Generator().manual_seed(1))
     p_mask = torch.ones_like(p_ids)                                    # no padding: both compute positions alike
     with torch.no_grad():
-        _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask)
+        _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=temperature)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
-    t = _trainer(tmp_path, model, tok, entropy_filter=gate, conflict_norm=norm, ent_threshold=float(h.median()))
+    t = _trainer(tmp_path, model, tok, entropy_filter=gate, conflict_norm=norm, ent_threshold=float(h.median()),
+                 temperature=temperature)
+    torch.testing.assert_close(t._mean_entropy({"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
+                                                "completion_mask": mask}, "train"), h)
     per_token, metrics = token_advantages(ids, mask, adv, h, 4, t.args, gate)
     model.train()
     model.zero_grad()
@@ -71,8 +76,8 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     ours_adv = torch.where(ours_adv == 0, 0.0, adv)
     weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)
     cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, conflict_norm=norm,
-                 ent_threshold=float(h.median()))
-    logp, _ = sequence_logprobs(model, p_ids, p_mask, ids, mask)
+                 ent_threshold=float(h.median()), temperature=temperature)
+    logp, _ = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature)
     ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h, weights, n_conf)
     ours.backward()
     assert loss.item() == pytest.approx(ours.item(), abs=1e-6) and ours.item() != 0
@@ -168,8 +173,7 @@ def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tin
     assert {k: sorted(v) for k, v in seen1.items()} == one
     assert any(len(set(a)) > 1 for rows in one.values() for a in rows)   # conflict-weighted tokens in some row
     for name, kw, steps in [("ga", dict(per_device_train_batch_size=8, gradient_accumulation_steps=2), 1),
-                            ("spg", dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                                         steps_per_generation=4), 2)]:
+                            ("ga4", dict(per_device_train_batch_size=4, gradient_accumulation_steps=4), 1)]:
         gen, seen = _one_generation(tiny_model_dir, tmp_path / name, steps, **kw)
         assert gen.keys() == one.keys(), name                          # the same completions were sampled
         assert {k: sorted(v) for k, v in seen.items()} == one, name
@@ -178,16 +182,58 @@ def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tin
 @pytest.mark.parametrize("kw,msg", [({"loss_type": "dapo"}, "loss_type"), ({"beta": 0.04}, "beta"),
                                     ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
                                     ({"scale_rewards": "batch"}, "scale_rewards"),
-                                    ({"entropy_filter": "sometimes"}, "entropy_filter")])
+                                    ({"entropy_filter": "sometimes"}, "entropy_filter"),
+                                    ({"num_iterations": 2}, "num_iterations"),
+                                    ({"steps_per_generation": 4}, "steps_per_generation"),
+                                    ({"use_vllm": True}, "vllm_importance_sampling_correction")])
 def test_config_refuses_what_would_change_the_method(tmp_path, kw, msg):
     with pytest.raises(ValueError, match=msg):
         _args(tmp_path, **kw)
 
 
 def test_defaults_are_the_papers(tmp_path):
+    """GTPOConfig's own settings default to train.py's (config.Config: the paper's), name for name."""
     a = _args(tmp_path, entropy_filter="auto")
-    assert (a.loss_type, a.scale_rewards, a.num_iterations, a.beta, a.conflict_weight) == ("grpo", "group", 1, 0.0, 2.0)
-    assert dataclasses.fields(a) and a.ent_gamma == 0.1
+    assert (a.loss_type, a.scale_rewards, a.num_iterations, a.beta) == ("grpo", "group", 1, 0.0)
+    ours = {f.name: f.default for f in dataclasses.fields(Config)}
+    added = [f.name for f in dataclasses.fields(GTPOConfig) if f.name not in {g.name for g in dataclasses.fields(
+        GTPOConfig.__mro__[1])}]
+    assert sorted(added) == ["conflict_combine", "conflict_norm", "conflict_weight", "ent_gamma", "ent_threshold",
+                             "entropy_filter"]
+    assert {k: getattr(a, k) for k in added} == {k: ours[k] for k in added}
+
+
+def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, tiny_model_dir):
+    """Eq. 6's <H>_ini comes from the first training batch; a resumed trainer reads it from the
+    checkpoint (gtpo_state.json) instead of measuring the checkpoint's own first batch."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    import json
+    seen = []
+
+    class Watching(GTPOTrainer):
+        def _gate(self, all_h, mode):
+            seen.append((self._h_ini, all_h.mean().item()))
+            return super()._gate(all_h, mode)
+
+    def trainer(steps):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        args = GTPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4,
+                          max_completion_length=6, max_steps=steps, bf16=False, use_cpu=True, report_to="none",
+                          save_strategy="steps", save_steps=1, seed=0, disable_tqdm=True, entropy_filter="auto",
+                          learning_rate=0.05)
+        reward = lambda completions, **_: [float(len(c) % 2) for c in completions]   # noqa: E731
+        return Watching(model=model, processing_class=load_tokenizer(tiny_model_dir), reward_funcs=[reward],
+                        args=args, train_dataset=Dataset.from_list([{"prompt": "one two three"}] * 8))
+    first = trainer(1)
+    first.train()
+    h_ini = first._h_ini
+    assert seen[0] == (None, pytest.approx(h_ini))                     # measured on the first batch
+    assert json.loads((tmp_path / "checkpoint-1" / "gtpo_state.json").read_text()) == {"h_ini": h_ini}
+    seen.clear()
+    resumed = trainer(2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert len(seen) == 1 and seen[0][0] == h_ini and seen[0][1] != pytest.approx(h_ini)   # not re-measured
 
 
 def _two_process_worker(model_dir, out):
