@@ -114,9 +114,9 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
 
 
 def test_rollout_entropy_is_the_policy_pass_entropy(tiny_model_dir, tiny_lm):
-    """Rollout.entropy (with_entropy, used for <H>_ini): H_t from the logits the sampling computed,
-    on the decode loop (G = 1 and G = 3) and on `generate`, equals the policy pass's entropy at
-    every completion token."""
+    """Rollout.entropy (with_entropy, used for <H>_ini): H_t of softmax(logits / T) from the logits the
+    sampling computed, on the decode loop (G = 1 and G = 3) and on `generate`, equals the policy
+    pass's entropy at the same temperature at every completion token."""
     model = tiny_lm(lora=True).eval()
     tok = load_tokenizer(tiny_model_dir)
     prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
@@ -125,7 +125,8 @@ def test_rollout_entropy_is_the_policy_pass_entropy(tiny_model_dir, tiny_lm):
         path = "shared" if share else "generate"
         ro = rollout(model, tok, prompts, G, 8, temperature=0.7, path=path, with_entropy=True)
         with torch.no_grad():
-            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+            _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                       temperature=0.7)                # of the distribution sampled
         m = ro.completion_mask.bool()
         assert ro.entropy.shape == ent.shape and m.sum() > 2 * G
         torch.testing.assert_close(ro.entropy[m], ent[m], atol=1e-4, rtol=1e-4)
