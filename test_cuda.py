@@ -1,5 +1,6 @@
 """CUDA checks, skipped without a GPU (CI has none): both samplers, the step's gradients against
-CPU, and a short run with the paper's recipe (4-bit NF4, bf16, paged 8-bit AdamW)."""
+CPU, and short runs with the CUDA defaults (4-bit NF4, bf16 autocast, paged 8-bit AdamW,
+checkpointing, a fitted micro-batch), through `generate` and through the merged copy."""
 import dataclasses
 import os
 
@@ -50,17 +51,39 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
         torch.testing.assert_close(out["cuda"][1][n], g, atol=1e-5, rtol=1e-4, msg=n)
 
 
-def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, tiny_args, monkeypatch):
-    """train.py on CUDA with its CUDA defaults: `generate`, bf16, paged 8-bit AdamW (4-bit off: the
-    tiny model's 32-wide layers are below NF4's block size)."""
+@pytest.fixture(scope="module")
+def nf4_dir(tmp_path_factory):
+    """A 2-layer random Llama wide enough for NF4's 64-value blocks, with the embedded tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from models import embedded_model_dir
+    tok = load_tokenizer(embedded_model_dir())
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    d = tmp_path_factory.mktemp("nf4")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+@pytest.mark.parametrize("rollout_path", ["auto", "merged"])
+def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, nf4_dir, monkeypatch, rollout_path):
+    """train.py on CUDA with its CUDA defaults -- 4-bit NF4, bf16 autocast, paged 8-bit AdamW,
+    checkpointing, the micro-batch fitted by memory.py -- sampling through `generate` or the
+    merged copy."""
+    import json
     def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
     monkeypatch.setattr(step, "score", fake_score)
     out = str(tmp_path / "run")
-    assert train.main(tiny_args(out, max_steps=2, device="cuda", dtype="bfloat16", **{"no-load_in_4bit": True})) == 0
-    import json
+    assert train.main(["--model", nf4_dir, "--output_dir", out, "--max_steps", "2", "--device", "cuda",
+                       "--generation_size", "4", "--max_completion_length", "8", "--lora_rank", "4", "--no-one_shot",
+                       "--entropy_filter", "off", "--rollout", rollout_path]) == 0
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     cfg = json.load(open(os.path.join(out, "config.json")))
-    assert len(rows) == 2 and all(r["grad_norm"] > 0 for r in rows) and cfg["optimizer"] == "adamw_8bit"
+    assert len(rows) == 2 and all(r["grad_norm"] > 0 for r in rows)
+    assert (cfg["optimizer"], cfg["load_in_4bit"], cfg["gradient_checkpointing"]) == ("adamw_8bit", True, True)
+    assert cfg["micro_batch_size"] >= 1 and cfg["dtype"] == "auto"
     assert os.path.isfile(os.path.join(out, "final", "adapter_model.safetensors"))

@@ -94,6 +94,36 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
+@pytest.mark.parametrize("method,beta", [("gtpo", 0.0), ("grpo", 0.04)])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir, tiny_lm, monkeypatch, method, beta):
+    """--gradient_checkpointing (what CUDA defaults to) recomputes each layer in backward: the RL
+    step's loss, metrics and LoRA gradients equal those without it, micro-batches and GRPO's
+    reference pass included."""
+    from models import checkpoint_activations
+    tok = load_tokenizer(tiny_model_dir)
+    B, G = 2, 3
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    cfg = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
+                 entropy_filter="off", logprob_chunk=4, share_prompt=False, micro_batch_size=4)
+    results = {}
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = tiny_lm(lora=True)
+        if ckpt:
+            checkpoint_activations(model)
+        model.train()
+        ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
+        monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+        results[ckpt] = (m, grads(model))
+    (m0, g0), (m1, g1) = results[False], results[True]
+    assert g0.keys() == g1.keys() and any(v.abs().sum() > 0 for v in g0.values())
+    for k in ("loss", "entropy") + (("kl",) if beta else ("gtpo/conflict_frac",)):
+        assert m1[k] == pytest.approx(m0[k], abs=1e-6), k
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-6, rtol=1e-5, msg=n)
+
+
 def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, tiny_lm):
     """Pre-filling each prompt once and merging LoRA for sampling: the same tokens as a plain
     `generate` over G copies with the adapters unmerged, at (near) zero temperature."""
