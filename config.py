@@ -46,7 +46,8 @@ class Config:
     max_steps: int = flag(-1, "optimizer steps, -1 = --epochs decide")
     max_prompt_length: int = flag(4000, "longer prompts are dropped (and counted)")
     max_completion_length: int = flag(1500, "max new tokens per completion")
-    temperature: float = flag(1.0, "sampling temperature")
+    temperature: float = flag(1.0, "sampling temperature; log-probs and entropies are of softmax(logits / T), "
+                              "the distribution sampled")
     one_shot: bool = flag(False, "show one worked example (tag format) before the question")
     optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1's "
                           "paged_adamw_8bit); adam = the same, as the authors' README spells it; adamw_torch = "
