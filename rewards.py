@@ -17,9 +17,13 @@ wrong without being parsed; math-verify runs in a child process (LatexWorker) th
 one answer exceeds LATEX_TIMEOUT, and a batch stops calling it after LATEX_BATCH_SECONDS. Every
 answer refused so is scored wrong and counted (score's `counts`: "guarded").
 """
+import json
 import logging
-import multiprocessing
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
 import time
 from fractions import Fraction
@@ -33,6 +37,7 @@ LATEX_TASKS = {"math", "math500"}
 MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
 LATEX_TIMEOUT = 2.0             # seconds for one math-verify comparison, then its process is killed
 LATEX_BATCH_SECONDS = 8.0       # math-verify time per score() call; later answers are not compared
+START_SECONDS = 120.0           # the first math-verify process of a program: importing it
 
 
 def format_reward(completion):
@@ -110,17 +115,15 @@ def numbers_equal(pred, ref):
 # -----------------------------------------------------------------------------
 # LaTeX answers (MATH) with math-verify
 
-def _serve(conn):
-    """The child process: compare (pred, ref) pairs with math-verify until the pipe closes."""
+def _serve():
+    """The child process (`python rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
+    verdict line ("1" / "0") back, with math-verify, until stdin closes."""
     logging.disable(logging.CRITICAL)              # math-verify logs whole inputs on its own timeouts
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     cfg = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
-    conn.send("ready")
-    while True:
-        try:
-            pred, ref = conn.recv()
-        except EOFError:
-            return
+    print("ready", flush=True)
+    for line in sys.stdin:
+        pred, ref = json.loads(line)
         try:   # bare LaTeX ("\frac{1}{2}", "(3, \pi/2)"): boxed so that it is read whole
             gold = parse(f"\\boxed{{{ref}}}", extraction_config=cfg, parsing_timeout=1)
             target = parse(f"\\boxed{{{pred}}}", extraction_config=cfg, parsing_timeout=1)
@@ -128,48 +131,73 @@ def _serve(conn):
                 bool(verify(gold, target, timeout_seconds=1))
         except Exception:                          # math-verify's own timeout / sympy errors
             same = False
-        conn.send(same)
+        print("1" if same else "0", flush=True)
 
 
 class LatexWorker:
     """math-verify in a child process, one per process that scores: compare() returns the verdict,
     or None when it took longer than `timeout` (the child is then killed and later restarted).
     A child, not a thread: big-integer arithmetic in sympy holds the GIL and ignores signals, so
-    only a process can be stopped, on any thread of the caller."""
+    only a process can be stopped, on any thread of the caller. A plain subprocess running this
+    file, not multiprocessing: nothing of the caller's program is imported again in it, so a script
+    without a __main__ guard, `python -c`, a notebook or a TRL training script all score alike."""
 
     def __init__(self, cache_size=65536):
-        self.proc, self.conn, self.lock = None, None, threading.Lock()
+        self.proc, self.ready, self.lock = None, False, threading.Lock()
         self.cache, self.cache_size = {}, cache_size                 # (pred, ref) -> verdict; timeouts not kept
 
-    def _start(self):
-        ctx = multiprocessing.get_context("forkserver")   # no fork of a process that holds torch threads;
-        ctx.set_forkserver_preload(["math_verify"])         # a restart forks a clean server: milliseconds
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        if not self.conn.poll(120) or self.conn.recv() != "ready":
-            raise RuntimeError("the math-verify worker process did not start")
+    def _spawn(self):
+        """Start a child; it says "ready" once math-verify is imported (_wait_ready)."""
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-latex"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, bufsize=1)
+        self.ready = False
 
-    def _stop(self):
+    def _line(self, timeout):
+        """The child's next line ("" if it died), or None when none came within `timeout` seconds."""
+        got, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        return self.proc.stdout.readline().strip() if got else None
+
+    def _wait_ready(self, timeout):
+        if not self.ready:
+            line = self._line(timeout)
+            if line == "":                                           # it died while starting
+                self._restart()
+            self.ready = line == "ready"
+        return self.ready
+
+    def _restart(self):
+        """Kill the child and start the next one at once, so that its start overlaps the caller's work."""
         self.proc.kill()
-        self.proc.join()
-        self.conn.close()
-        self.proc = None
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self._spawn()
 
     def compare(self, pred, ref, timeout):
+        """The verdict, or None past `timeout` seconds. The first child's start is setup and waits up to
+        START_SECONDS; waiting for a restarted child counts in the answer's `timeout`."""
         with self.lock:
             if (pred, ref) in self.cache:
                 return self.cache[pred, ref]
-            if self.proc is None or not self.proc.is_alive():
-                self._start()
-            self.conn.send((pred, ref))
-            if not self.conn.poll(timeout):
-                self._stop()
+            deadline = time.monotonic() + timeout
+            if self.proc is None:
+                self._spawn()
+                if not self._wait_ready(START_SECONDS):
+                    raise RuntimeError("the math-verify worker process did not start")
+            elif self.proc.poll() is not None:
+                self._restart()
+            if not self._wait_ready(deadline - time.monotonic()):
+                return None
+            self.proc.stdin.write(json.dumps([pred, ref]) + "\n")
+            self.proc.stdin.flush()
+            got = self._line(deadline - time.monotonic())
+            if got not in ("0", "1"):
+                self._restart()
                 return None
             if len(self.cache) >= self.cache_size:
                 self.cache.clear()
-            self.cache[pred, ref] = self.conn.recv()
+            self.cache[pred, ref] = got == "1"
             return self.cache[pred, ref]
 
 
@@ -223,3 +251,7 @@ def score(completions, answers, task, counts=None):
         counts["guarded"] = counts.get("guarded", 0) + sum(v is None for v in verdicts)
     cor = torch.tensor([CORRECT if v else 0.0 for v in verdicts], dtype=torch.float32)
     return fmt + cor, fmt, cor
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]:
+    _serve()

@@ -256,3 +256,47 @@ def test_tower_from_a_worker_thread_returns_within_the_bound():
     th.join(rewards.LATEX_TIMEOUT + 60)
     assert not th.is_alive() and box[0][2].item() == 0.0
     assert time.perf_counter() - t < rewards.LATEX_TIMEOUT + 60
+
+
+UNGUARDED = """
+import sys, threading
+sys.path.insert(0, {here!r})
+print("top level runs", flush=True)
+from rewards import score
+def run():
+    total, fmt, cor = score(["<reasoning>r</reasoning><answer>\\\\dfrac{{\\\\sqrt{{3}}}}{{2}}</answer>"],
+                            ["\\\\frac{{\\\\sqrt3}}{{2}}"], "math")      # no number: math-verify decides
+    print("reward", total.item(), flush=True)
+{call}
+"""
+CALLS = {"plain": "run()", "thread": "t = threading.Thread(target=run); t.start(); t.join()"}
+
+
+def _caller(argv):
+    import subprocess
+    import sys
+    from conftest import ENV
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+def test_a_script_without_a_main_guard_scores_math_verify_answers(tmp_path, call):
+    """The shape of most TRL training scripts: no `if __name__ == "__main__":`. The math-verify
+    worker imports nothing of the caller's, so the top level runs once and the answer is right."""
+    from conftest import HERE
+    script = tmp_path / "train_script.py"
+    script.write_text(UNGUARDED.format(here=HERE, call=CALLS[call]))
+    r = _caller([str(script)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("top level runs") == 1 and "reward 20.0" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["python -c", "exec"])
+def test_python_c_and_a_notebook_like_exec_score_alike(how):
+    from conftest import HERE
+    code = UNGUARDED.format(here=HERE, call="run()")
+    argv = ["-c", code] if how == "python -c" else ["-c", f"exec({code!r}, {{'__name__': 'notebook'}})"]
+    r = _caller(argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("top level runs") == 1 and "reward 20.0" in r.stdout
