@@ -269,6 +269,9 @@ def evaluate(run_id, out, evals, shard, threads):
             step, mean = best_checkpoint(rows, saved)
             runs.write_json(os.path.join(KEEP, run_id, "best.json"), {"step": step, "mean_reward": mean,
                                                                       "window": BEST_WINDOW})
+            if step == max(saved):                      # the final adapter: its evaluation is the same one
+                shutil.copyfile(os.path.join(KEEP, run_id, f"eval-{name[:-5]}.json"), keep)
+                continue
             adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
         if name == "kl":
