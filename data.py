@@ -111,6 +111,16 @@ def read_jsonl(path, log_torn=None):
     return rows
 
 
+def write_text(path, text):
+    """Write a file atomically: a temporary file, fsync, rename. A kill leaves the old file or the new."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _records(rows, path, name):
     """Upstream rows -> records. Rows without a usable final answer (one MATH train item
     upstream has an empty \\boxed{}) are skipped with a warning giving the count;
@@ -324,7 +334,6 @@ def export(out_dir, names=None, log=print):
     folder that --data_dir / $GTPO_DATA_DIR reads (run it where the Hub is reachable, copy the
     folder to the offline machine). Each file is written whole or not at all, then read back
     through load_task. Returns {(name, split): number of records}."""
-    from runs import write_text                                     # runs imports this module
     unknown = [n for n in names or EXPORT if n not in EXPORT]
     if unknown:
         raise DataError(f"--datasets: unknown {unknown}; choose from {', '.join(EXPORT)}")

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from data import read_jsonl
+from data import read_jsonl, write_text
 
 class ConfigError(ValueError):
     """A flag or run folder that cannot work; the message says how to fix it."""
@@ -62,16 +62,6 @@ def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=()):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
-
-
-def write_text(path, text):
-    """Write a file atomically: a temporary file, fsync, rename. A kill leaves the old file or the new."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_json(path, obj):
