@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 import gtpo
+import models  # noqa: F401  (first: it quiets bitsandbytes' CPU-kernel notice before TRL imports bitsandbytes)
 from logprobs import sequence_logprobs
 
 try:

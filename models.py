@@ -107,7 +107,7 @@ def hub_or_cache(repo):
     if isinstance(cached, str):
         return os.path.dirname(cached)
     raise ModelError(f"model {repo!r} is not in the local Hugging Face cache and the Hub cannot be reached "
-                     f"({why}). Download it on a machine with network access (huggingface-cli download {repo}) "
+                     f"({why}). Download it on a machine with network access (hf download {repo}) "
                      f"and copy the folder here, then pass it with --model FOLDER")
 
 
