@@ -200,6 +200,7 @@ def resume(out, model, optimizer, scheduler, dist, log=print):
         log(f"--resume: {out} has no checkpoint yet; starting from step 0")
     else:
         state = restore(ckpt, model, optimizer, scheduler, dist)
+        log(f"resumed from {ckpt} at step {state['step']}")
     if dist.main:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(os.path.join(out, name), state["step"], log)

@@ -90,7 +90,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_
     last = _rows(out)[-1]["step"]
     assert f"stopped after step {last} of 10000" in stdout and "--resume" in stdout
     assert os.path.isfile(os.path.join(out, f"checkpoint-{last}", "trainer_state.pt"))
-    r = train_cli("--max_steps", str(last + 1), "--resume", *common, timeout=300)
+    r = train_cli("--max_steps", str(last + 1), "--resume", "--allow_changes", "max_steps", *common, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in _rows(out)] == list(range(1, last + 2))
 
@@ -103,7 +103,7 @@ def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, 
     good = _bytes(metrics)
     with open(metrics, "ab") as f:
         f.write(b'{"step": 3, "loss": 0.1, "rew')                          # what kill -9 mid-write leaves
-    r = train_cli(*flags, "--max_steps", "3", "--resume", timeout=300)
+    r = train_cli(*flags, "--max_steps", "3", "--resume", "--allow_changes", "max_steps", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "metrics.jsonl: dropped a torn last line (3)" in r.stdout
     assert [x["step"] for x in _rows(out)] == [1, 2, 3]
@@ -111,7 +111,7 @@ def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, 
     with open(metrics, "wb") as f:
         f.write(good.replace(b'"step": 1,', b'"step": 1,,'))
     broken = _bytes(metrics)
-    r = train_cli(*flags, "--max_steps", "4", "--resume", timeout=300)
+    r = train_cli(*flags, "--max_steps", "4", "--resume", "--allow_changes", "max_steps", timeout=300)
     assert r.returncode == 2 and "metrics.jsonl:1: malformed JSON line" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and _bytes(metrics) == broken
 
@@ -554,7 +554,7 @@ def test_torchrun_two_processes(tmp_path, tiny_args):
         assert json.load(f)["world_size"] == 2
     w = _adapter(os.path.join(out, "final"))
     assert any(v.abs().sum() > 0 for k, v in w.items() if "lora_B" in k)
-    r = subprocess.run(run + common + ["--max_steps", "3", "--resume"], capture_output=True, text=True, env=ENV,
-                       timeout=600)
+    r = subprocess.run(run + common + ["--max_steps", "3", "--resume", "--allow_changes", "max_steps"],
+                       capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resumed from" in r.stdout and [x["step"] for x in _rows(out)] == [1, 2, 3]

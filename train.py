@@ -162,10 +162,8 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
-    changes = {}
-    if dist.main:
-        changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite,
-                                     identity_keys(), cfg.allow_changes.split(","))
+    changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
+                                 cfg.allow_changes.split(",")) if dist.main else {}
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
@@ -179,9 +177,7 @@ def train(cfg, dist, stop):
     optimizer, scheduler = make_optimizer(cfg, params, total, log)
     ref_model = reference_model(cfg, model)             # pi_ref is the starting model: before resume
     state = resume(cfg.output_dir, model, optimizer, scheduler, dist, log) if cfg.resume else {"step": 0}
-    if state.get("checkpoint"):
-        log(f"resumed from {state['checkpoint']} at step {state['step']}")
-    else:
+    if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     measure_h_ini(cfg, state, model, tok, records, example, dist, log)
     if dist.main:
