@@ -111,10 +111,10 @@ def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     assert os.path.isfile(os.path.join(out, "checkpoint-2", "trainer_state.pt"))
     assert os.path.getsize(os.path.join(out, "samples.jsonl")) > 0
     assert "entropy filter" in r.stdout                               # the Eq. 6 decision is logged
-    # the same command again is refused; with --resume it continues to step 3
+    # the same command again is refused; with --resume (the longer run named) it continues to step 3
     r = train_cli("--max_steps", "3", *common)
     assert r.returncode == 2 and "--resume" in r.stderr
-    r = train_cli("--max_steps", "3", "--resume", *common)
+    r = train_cli("--max_steps", "3", "--resume", "--allow_changes", "max_steps", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
     rows = _rows(out)
