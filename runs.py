@@ -13,6 +13,7 @@ import torch
 
 from data import read_jsonl, write_text
 
+
 class ConfigError(ValueError):
     """A flag or run folder that cannot work; the message says how to fix it."""
 
