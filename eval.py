@@ -189,6 +189,14 @@ def summary(res):
 # -----------------------------------------------------------------------------
 # 2. plots (matplotlib, PNG)
 
+def model_label(res):
+    """A legend label from results.json: "untrained <model>" or "trained: <the run's folder>"."""
+    if not res.get("adapter"):
+        return f"untrained {os.path.basename(str(res.get('model', 'model')))}"
+    adapter = os.path.abspath(res["adapter"])
+    return f"trained: {os.path.basename(os.path.dirname(adapter))}/{os.path.basename(adapter)}"
+
+
 def plot_passk(results, out_png):
     """pass@k (solid) and maj@k (dashed) over k on a log-2 axis; results: [(label, results dict)]."""
     import matplotlib
@@ -394,8 +402,7 @@ def plot_main(args):
         except ValueError as e:
             raise DataError(f"--render {args.render}: {e}") from None
     if args.plot:
-        plot_passk([(os.path.basename(os.path.dirname(os.path.abspath(f))), runs.read_json(f))
-                    for f in args.plot], os.path.join(out, "passk.png"))
+        plot_passk([(model_label(res), res) for res in map(runs.read_json, args.plot)], os.path.join(out, "passk.png"))
         print(f"wrote {os.path.join(out, 'passk.png')}")
     if args.curves:
         plot_curves(args.curves, os.path.join(out, "curves.png"), args.smooth)
@@ -476,7 +483,7 @@ def main(argv=None):
         res["rescored_from"] = args.rescore
     os.makedirs(out, exist_ok=True)
     runs.write_json(os.path.join(out, "results.json"), res)
-    plot_passk([(os.path.basename(os.path.abspath(out)), res)], os.path.join(out, "passk.png"))
+    plot_passk([(model_label(res), res)], os.path.join(out, "passk.png"))
     print(summary(res))
     print(f"results in {os.path.join(out, 'results.json')}, plot {os.path.join(out, 'passk.png')}")
     return 0

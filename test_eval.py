@@ -241,3 +241,9 @@ def test_loading_an_adapter_prints_no_warning(tiny_lm, tiny_model_dir, tmp_path)
     want = {n: p for n, p in saved.named_parameters() if "lora_" in n}
     got = {n: p for n, p in model.named_parameters() if "lora_" in n}
     assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+
+
+def test_plot_legend_says_trained_or_untrained():
+    assert ev.model_label({"model": "smollm2-135m", "adapter": None}) == "untrained smollm2-135m"
+    assert ev.model_label({"model": "smollm2-135m", "adapter": "runs/gtpo-smollm2-135m-arithmetic/final"}) == \
+        "trained: gtpo-smollm2-135m-arithmetic/final"
