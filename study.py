@@ -2,9 +2,11 @@
 docs/study.md declares its questions, arms, metrics, tests, verdict rules and budget; this file
 runs that plan and computes its report.
 
-RUNS below is the whole experiment, one line per configuration. Each seed has one SFT warm-up
+RUNS below is the main and long parts, one line per configuration. Each seed has one SFT warm-up
 per start (WARMUPS: the main part's 4 steps; the long part's longer one, which brings <H>_ini below
 ln 2); every run of that seed starts from it (train.py --init_from) with the same budget (COMMON).
+The collapse part (LADDER, collapse_jobs) is a pilot ladder on a seed of its own, then the test at the
+first rung where GRPO collapses (docs/study.md, part 3).
 Each run's adapters are evaluated with eval.py on the sets its line names: `id`, the first 64
 problems of the arithmetic test split; `ood`, the first 48 of the `reworded` split (the same sums in
 sentences training never shows); `id-best`, the ID set on the checkpoint with the highest mean
@@ -17,6 +19,7 @@ continues from its last checkpoint (train.py --resume), an interrupted evaluatio
 whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save.
 
     python study.py --shard 0/2 & python study.py --shard 1/2 & wait   # two workers, one thread each
+    python study.py --shard 0/1 --threads 1 --only warmup-collapse,pilot   # the collapse pilot, one worker
     python study.py --list                            # the table and how far each run is
     python study.py --report                          # tables + plots from the committed files
 
