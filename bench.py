@@ -9,7 +9,7 @@
               (G=12, L=1500, V=128256) and the demo's (G=8, L=256, V=49152): time and peak extra memory.
 2. loss       peak extra memory of log-probs + entropy + GTPO loss + backward through the LM head for
               N=12, L=1024 completion tokens and SmolLM2's head (V=49152, D=576), chunked
-              (logprobs.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
+              (gtpo_logprobs.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
               input, so the measurement isolates what chunking changes.
 3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
               min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
@@ -23,7 +23,7 @@
 4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
               forced tokens, micro-batches of 4, default against plain; one round after a warm-up.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
-5. reward     (only with --parts reward) rewards.score on hostile completions, each in a fresh
+5. reward     (only with --parts reward) gtpo_rewards.score on hostile completions, each in a fresh
               process; a batch of 24 hostile MATH completions; a case scored from a worker thread.
 6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
               same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), a fresh
@@ -158,7 +158,7 @@ def probe_conflict(cfg, device):
 # 2. loss memory
 
 def probe_loss(cfg, device):
-    from logprobs import ChunkedLogprobs
+    from gtpo_logprobs import ChunkedLogprobs
     N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["logprob_chunk"]
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(V, D, generator=g) * 0.05).to(device)            # frozen LM head (LoRA)
@@ -259,7 +259,7 @@ def floor_step(model, tok, prompt, new_tokens, G, device, clock):
 def spread_score(texts, answers, task):
     """The real reward; a group whose rewards are all equal gets a fixed spread added, so that
     every timed step does the same work (a zero advantage would skip nothing, but keeps it honest)."""
-    from rewards import score
+    from gtpo_rewards import score
     total, fmt, cor = score(texts, answers, task)
     if total.std() == 0:
         total = total + torch.linspace(0, 1, len(total))
@@ -374,14 +374,14 @@ def hostile_cases():
 
 
 def report_reward(args, res):
-    """Part 5: rewards.score on each hostile case in a fresh process (time incl. the math-verify
+    """Part 5: gtpo_rewards.score on each hostile case in a fresh process (time incl. the math-verify
     worker's start for MATH cases; killed after 60 s), then a batch of 24 hostile MATH completions
     of ~1,500 tokens in one process, and one case scored from a worker thread."""
     res["reward"] = {}
     print("\n5. reward on hostile completions            seconds   reward")
     for name, (text, ref, task) in hostile_cases().items():
         code = (f"import json, time, rewards; t = time.perf_counter(); "
-                f"r = rewards.score([{text!r}], [{ref!r}], {task!r})[0].item(); "
+                f"r = gtpo_rewards.score([{text!r}], [{ref!r}], {task!r})[0].item(); "
                 f"print(json.dumps([time.perf_counter() - t, r]))")
         try:
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -393,7 +393,7 @@ def report_reward(args, res):
             sec, reward = None, "timeout > 60 s"
         res["reward"][name] = {"seconds": sec, "reward": reward}
         print(f"   {name:38s} {sec if sec is None else round(sec, 2)!s:>8s}   {reward}")
-    from rewards import score
+    from gtpo_rewards import score
     cases = [v for v in hostile_cases().values() if v[2] == "math"]
     texts = [(c[0] * (6000 // len(c[0]) + 1))[:6000] for c in cases]               # ~1,500 tokens each
     batch = [texts[i % len(texts)] + str(i) for i in range(24)]
@@ -402,8 +402,8 @@ def report_reward(args, res):
     res["reward"]["batch of 24 x 6,000 chars"] = {"seconds": time.perf_counter() - t, **counts}
     print(f"   batch of 24 hostile MATH completions, 6,000 chars each: {time.perf_counter() - t:.1f} s, {counts}")
     import threading
-    import rewards
-    rewards._WORKER.cache.clear()                                           # a fresh verdict, not the batch's
+    import gtpo_rewards
+    gtpo_rewards._WORKER.cache.clear()                                      # a fresh verdict, not the batch's
     box, t = [], time.perf_counter()
     th = threading.Thread(target=lambda: box.append(score([cases[4][0] + " "], ["5"], "math")[0].item()),
                           daemon=True)

@@ -127,7 +127,7 @@ class Config:
 
     @property
     def task(self):
-        """The reward's task name (rewards.score)."""
+        """The reward's task name (gtpo_rewards.score)."""
         return task_name(self.dataset)
 
     @property

@@ -16,7 +16,7 @@ import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
 from gtpo import token_entropy
-from logprobs import positions
+from gtpo_logprobs import positions
 
 
 def sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,

@@ -8,7 +8,7 @@
     python eval.py --plot runs/*/results.json         # pass@k / maj@k curves overlaid (passk.png)
     python eval.py --curves runs/*/metrics.jsonl      # training curves overlaid (curves.png)
 
-Each problem gets n completions, scored by the training reward (rewards.score: formatting and
+Each problem gets n completions, scored by the training reward (gtpo_rewards.score: formatting and
 correctness separately). pass@k is the unbiased estimator of Chen et al. 2021; maj@k is the
 probability that the most frequent answer among k of the n samples is correct, with answers
 grouped by the same equivalence used for correctness (so `0.5` and `\\frac12` are one vote).
@@ -27,7 +27,7 @@ import conflicts
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype, quiet_peft
-from rewards import answers_equal, extract_answer, score
+from gtpo_rewards import answers_equal, extract_answer, score
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 

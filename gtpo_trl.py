@@ -1,4 +1,4 @@
-"""GTPO for TRL users: GTPOConfig and GTPOTrainer on TRL's GRPOTrainer (pip install -r requirements-trl.txt).
+"""GTPO for TRL users: GTPOConfig and GTPOTrainer on TRL's GRPOTrainer (pip install ".[trl]", docs/trl.md).
 
     from gtpo_trl import GTPOConfig, GTPOTrainer
     trainer = GTPOTrainer(model=model, processing_class=tok, reward_funcs=[reward],
@@ -19,6 +19,7 @@ Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/mean_weight (and gtpo/h_ini wi
     python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
 """
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -26,13 +27,15 @@ from dataclasses import dataclass, field
 import torch
 
 import gtpo
-import models  # noqa: F401  (first: it quiets bitsandbytes' CPU-kernel notice before TRL imports bitsandbytes)
-from logprobs import sequence_logprobs
+from gtpo_logprobs import sequence_logprobs
+
+# TRL imports bitsandbytes, whose CPU backend announces an optional kernel package it works without
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 try:
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as e:                                           # TRL is optional for the rest of the project
-    raise ImportError("gtpo_trl.py needs TRL: pip install -r requirements-trl.txt") from e
+    raise ImportError("gtpo_trl needs TRL: pip install 'gtpo[trl]' (in a clone: pip install -r requirements-trl.txt)") from e
 
 
 @dataclass
@@ -168,7 +171,7 @@ class GTPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _mean_entropy(self, out, mode):
         """<H>_i (Sec. 4.2) of each completion under the current policy: mean token entropy, from one
-        pass in which each prompt runs once for its consecutive completions (logprobs.PolicyPass)."""
+        pass in which each prompt runs once for its consecutive completions (gtpo_logprobs.PolicyPass)."""
         p_ids, p_mask = out["prompt_ids"], out["prompt_mask"]                      # (n, P) left-padded
         new_prompt = torch.ones(len(p_ids), dtype=torch.bool, device=p_ids.device)
         new_prompt[1:] = ((p_ids[1:] != p_ids[:-1]) | (p_mask[1:] != p_mask[:-1])).any(dim=1)
@@ -188,9 +191,13 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
     """GTPOTrainer (or, with method="grpo", TRL's GRPOTrainer with the same settings) on the embedded
     model and the arithmetic task, offline on CPU, with the demo's recipe; kw overrides GRPOConfig fields."""
     from datasets import Dataset
-    from data import arithmetic_task, format_prompt, one_shot_example
-    from models import load_model
-    from rewards import score
+    try:
+        from data import arithmetic_task, format_prompt, one_shot_example
+        from models import load_model
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"the example runs from a clone of the repository ({e}): git clone the "
+                                  "project and run `python gtpo_trl.py` there") from e
+    from gtpo_rewards import score
     torch.manual_seed(3407)
     model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
     recs = arithmetic_task("train")

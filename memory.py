@@ -12,7 +12,7 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
   gradient    + the trainable gradients and one micro-batch's saved activations: every layer's,
               or with checkpointing only each layer's input plus one layer recomputed in backward;
               backward's in-flight gradients (one layer's worth); the LM head's chunk
-              (logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
+              (gtpo_logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
   peak        the larger of sampling and gradient
 Activation bytes per token come from one forward of a 1- and a 2-layer model of the same width on
 fake tensors (FakeTensorMode: nothing allocated), counting what autograd saves for backward under
@@ -275,7 +275,7 @@ def measured_peak(config, s, seed=0):
 def _measure(config, s):
     import step
     from models import autocast, checkpoint_activations
-    from logprobs import PolicyPass
+    from gtpo_logprobs import PolicyPass
     from rollout import Rollout, completion_mask, generate
     from types import SimpleNamespace
     dtype = torch.bfloat16 if s.dtype_bytes == 2 else torch.float32

@@ -80,7 +80,7 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     left-padded to a multiple of PAD_MULTIPLE). merge_lora: the shared path's merged-LoRA sampling.
     with_entropy: also return H_t of the sampled distribution softmax(logits / temperature) at every
     sampled position, from the logits the sampling computes anyway (what the gradient pass's
-    logprobs.sequence_logprobs gives, without a pass).
+    gtpo_logprobs.sequence_logprobs gives, without a pass).
     """
     device = next(model.parameters()).device
     path = resolve_path(path, device)

@@ -18,9 +18,9 @@ import torch
 
 import gtpo
 from data import format_prompt, tagged_solution
-from logprobs import sequence_logprobs
+from gtpo_logprobs import sequence_logprobs
 from models import autocast
-from rewards import score
+from gtpo_rewards import score
 from rollout import rollout
 
 
@@ -102,7 +102,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
-    gradient pass, a DDP-wrapped logprobs.PolicyPass under torchrun. prompts: B chat-formatted
+    gradient pass, a DDP-wrapped gtpo_logprobs.PolicyPass under torchrun. prompts: B chat-formatted
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
     conflict tokens into (GTPO or GRPO).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
@@ -131,7 +131,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
     h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
-    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
+    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (gtpo_rewards.py)
     if gated is not None:
         m["gtpo/filtered_frac"] = ((gated == 0) & (adv != 0)).float().mean().item() if cfg.gate != "off" else 0.0
     if cfg.method == "gtpo":

@@ -323,7 +323,7 @@ def drift(run_id):
     from data import format_prompt, load_task, one_shot_example
     from eval import load_eval_model
     from gtpo import kl_k3, masked_mean
-    from logprobs import sequence_logprobs
+    from gtpo_logprobs import sequence_logprobs
     from rollout import rollout
     out = os.path.join(WORK, run_id)
     cfg = runs.read_json(os.path.join(out, "config.json"))

@@ -11,7 +11,7 @@ import step
 import train
 from conftest import DATA_DIR
 from models import embedded_model_dir, load_model, load_tokenizer
-from logprobs import sequence_logprobs
+from gtpo_logprobs import sequence_logprobs
 from rollout import rollout
 
 pytestmark = pytest.mark.slow                         # subprocess runs: the slow tier

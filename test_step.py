@@ -1,4 +1,4 @@
-"""Tests for step.py and the shared-prompt paths (cpu_rollout.py, logprobs.PolicyPass): computing each prompt once per group
+"""Tests for step.py and the shared-prompt paths (cpu_rollout.py, gtpo_logprobs.PolicyPass): computing each prompt once per group
 (PolicyPass with prompt_index, the pre-filled rollout, merged LoRA for sampling) gives what G copies
 give -- log-probs, entropy, loss, KL and every gradient -- on a tiny random Llama."""
 import contextlib
@@ -11,7 +11,7 @@ from conftest import grads
 from models import load_tokenizer
 from config import Config
 from cpu_rollout import Blocked, blocked, merged_lora, prefill_shared, sample_next
-from logprobs import positions, sequence_logprobs
+from gtpo_logprobs import positions, sequence_logprobs
 from rollout import Rollout, rollout
 
 

@@ -278,7 +278,7 @@ def test_init_from_starts_from_another_runs_weights(tmp_path, tiny_lm):
 @pytest.mark.parametrize("lora", [True, False])
 def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     import gtpo
-    from logprobs import lm_head_of, sequence_logprobs
+    from gtpo_logprobs import lm_head_of, sequence_logprobs
     model = tiny_lm(lora)
     assert lm_head_of(model) is not None
     V = model.config.vocab_size
@@ -317,7 +317,7 @@ def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
 
 
 def test_chunked_function_gradcheck_float64():
-    from logprobs import ChunkedLogprobs
+    from gtpo_logprobs import ChunkedLogprobs
     torch.manual_seed(0)
     T, D, V = 7, 5, 11
     h = torch.randn(T, D, dtype=torch.float64, requires_grad=True)

@@ -13,7 +13,7 @@ import step                                                            # noqa: E
 from config import Config                                              # noqa: E402
 from conftest import grads                                             # noqa: E402
 from gtpo_trl import GTPOConfig, GTPOTrainer, token_advantages         # noqa: E402
-from logprobs import sequence_logprobs                                 # noqa: E402
+from gtpo_logprobs import sequence_logprobs                                 # noqa: E402
 from models import load_tokenizer                                      # noqa: E402
 
 

@@ -22,7 +22,7 @@ import step
 from config import ConfigError, identity_keys, parse_args
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example
-from logprobs import PolicyPass
+from gtpo_logprobs import PolicyPass
 from models import ModelError, heap_mmap_threshold, load_model, pick_dtype
 from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
                   read_json, save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)

@@ -15,7 +15,8 @@ The completions are the policy's own output, so the reward bounds its cost on an
 check and answer extraction are linear-time scans; an answer longer than MAX_ANSWER_CHARS is
 wrong without being parsed; math-verify runs in a child process (LatexWorker) that is killed when
 one answer exceeds LATEX_TIMEOUT, and a batch stops calling it after LATEX_BATCH_SECONDS. Every
-answer refused so is scored wrong and counted (score's `counts`: "guarded").
+answer refused so is scored wrong and counted (score's `counts`: "guarded"). The program's first
+child (importing math-verify, up to START_SECONDS) is setup and counts in neither bound.
 """
 import json
 import logging
@@ -116,7 +117,7 @@ def numbers_equal(pred, ref):
 # LaTeX answers (MATH) with math-verify
 
 def _serve():
-    """The child process (`python rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
+    """The child process (`python gtpo_rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
     verdict line ("1" / "0") back, with math-verify, until stdin closes."""
     logging.disable(logging.CRITICAL)              # math-verify logs whole inputs on its own timeouts
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -174,18 +175,23 @@ class LatexWorker:
         self.proc.stdout.close()
         self._spawn()
 
-    def compare(self, pred, ref, timeout):
-        """The verdict, or None past `timeout` seconds. The first child's start is setup and waits up to
-        START_SECONDS; waiting for a restarted child counts in the answer's `timeout`."""
+    def start(self):
+        """The first child of this program, once: setup, so it waits up to START_SECONDS and counts in
+        no answer's time."""
         with self.lock:
-            if (pred, ref) in self.cache:
-                return self.cache[pred, ref]
-            deadline = time.monotonic() + timeout
             if self.proc is None:
                 self._spawn()
                 if not self._wait_ready(START_SECONDS):
                     raise RuntimeError("the math-verify worker process did not start")
-            elif self.proc.poll() is not None:
+
+    def compare(self, pred, ref, timeout):
+        """The verdict, or None past `timeout` seconds; waiting for a restarted child counts in it."""
+        self.start()
+        with self.lock:
+            if (pred, ref) in self.cache:
+                return self.cache[pred, ref]
+            deadline = time.monotonic() + timeout
+            if self.proc.poll() is not None:
                 self._restart()
             if not self._wait_ready(deadline - time.monotonic()):
                 return None
@@ -243,6 +249,8 @@ def score(completions, answers, task, counts=None):
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
     fmt = torch.tensor([format_reward(c) for c in completions], dtype=torch.float32)
+    if task not in NUMERIC_TASKS:
+        _WORKER.start()                                  # before the batch's clock starts
     deadline, verdicts = time.monotonic() + LATEX_BATCH_SECONDS, []
     for c, a in zip(completions, answers):
         left = min(LATEX_TIMEOUT, deadline - time.monotonic())
