@@ -7,6 +7,7 @@
     python eval.py --rescore runs/eval-x/samples.jsonl  # re-score saved completions, no sampling
     python eval.py --plot runs/*/results.json         # pass@k / maj@k curves overlaid (passk.png)
     python eval.py --curves runs/*/metrics.jsonl      # training curves overlaid (curves.png)
+    python eval.py --drift runs/grpo-x --limit 16 --n_samples 2   # KL to the run's start, per checkpoint
 
 Each problem gets n completions, scored by the training reward (gtpo_rewards.score: formatting and
 correctness separately). pass@k is the unbiased estimator of Chen et al. 2021; maj@k is the
@@ -350,6 +351,35 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
     return rows
 
 
+def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu"):
+    """KL(pi_c || pi_start) at the start and at each checkpoint c of a training run: k3 (Eq. 1's KL
+    estimator) averaged over the tokens pi_c samples for `records` (n_samples each, the same seed at
+    every checkpoint); pi_start is what the run began from (its --init_from). A beta = 0 run computes
+    no KL while training; this measures how far it moved. -> a list of {step, kl, tokens}."""
+    from gtpo import kl_k3, masked_mean
+    from gtpo_logprobs import sequence_logprobs
+    from rollout import rollout
+    cfg = runs.read_json(os.path.join(run_dir, "config.json"))
+    if not cfg.get("init_from"):
+        raise DataError(f"--drift {run_dir}: the run has no --init_from to measure the drift from")
+    start, tok = load_eval_model(cfg["model"], cfg["init_from"], device, False)
+    prompts = [format_prompt(tok, r["question"], example) for r in records]
+    saved = {int(d.split("-")[1]): os.path.join(run_dir, d) for d in os.listdir(run_dir) if d.startswith("checkpoint-")}
+    points = []
+    for step, adapter in sorted({0: cfg["init_from"], **saved}.items()):     # step 0, the start: 0 exactly
+        policy, _ = load_eval_model(cfg["model"], adapter, device, False)
+        torch.manual_seed(seed)
+        ro = rollout(policy, tok, prompts, n_samples, max_new_tokens, temperature=1.0)
+        batch = ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(policy, *batch, with_entropy=False)              # (N, L)
+            start_logp, _ = sequence_logprobs(start, *batch, with_entropy=False)         # (N, L)
+        kl = masked_mean(kl_k3(logp, start_logp), ro.completion_mask)                   # over real tokens
+        points.append({"step": step, "kl": float(kl), "tokens": int(ro.completion_mask.sum())})
+        print(f"step {step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} tokens", flush=True)
+    return points
+
+
 # -----------------------------------------------------------------------------
 # 4. main
 
@@ -386,6 +416,8 @@ def parse_args(argv=None):
     a("--render", default=None, metavar="SAMPLES_JSONL",
       help="draw a GTPO group logged in a training run's samples.jsonl like Fig. 9 (PNG + HTML)")
     a("--render_step", type=int, default=None, help="the step of the group to draw (default: the last with conflicts)")
+    a("--drift", default=None, metavar="RUN_DIR", help="a training run's KL to its start (--init_from) at each "
+      "checkpoint, on --limit problems x --n_samples completions (results.json)")
     return p.parse_args(argv)
 
 
@@ -468,10 +500,31 @@ def sampled(args):
     return rows, meta, ks, seed, out
 
 
+def drift_main(args):
+    """--drift: the KL of each checkpoint to the run's start -> results.json in --output_dir."""
+    if not os.path.isfile(os.path.join(args.drift, "config.json")):
+        raise DataError(f"--drift {args.drift!r}: not a training run's folder (no config.json)")
+    cfg = runs.read_json(os.path.join(args.drift, "config.json"))
+    records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
+    one_shot = args.one_shot_from or ("arithmetic" if cfg["model"] == "smollm2-135m" else "none")
+    example = None if one_shot == "none" else one_shot_example(load_task(one_shot, "train", args.data_dir)[0])
+    points = drift(args.drift, records, example, args.n_samples, args.max_completion_length or
+                   cfg["max_completion_length"], args.seed, args.device or "cpu")
+    out = args.output_dir or os.path.join(args.drift, "eval-kl")
+    os.makedirs(out, exist_ok=True)
+    runs.write_json(os.path.join(out, "results.json"), {
+        "points": points, "estimator": "k3, completions sampled from each checkpoint (temperature 1)",
+        "problems": len(records), "samples_per_problem": args.n_samples, "start": cfg["init_from"]})
+    print(f"results in {os.path.join(out, 'results.json')}")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.plot or args.curves or args.render:
         return plot_main(args)
+    if args.drift:
+        return drift_main(args)
     rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
     n = len({r["sample"] for r in rows})
     ks = ks or default_ks(n)

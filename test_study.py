@@ -1,4 +1,4 @@
-"""study.py: the run table gives every run the same budget, the statistics and verdict rule of
+"""study.py and study_report.py: the run table gives every run the same budget, the statistics and verdict rule of
 docs/study.md, and a report recomputed from the committed small files alone."""
 import json
 import os
@@ -6,6 +6,7 @@ import os
 import pytest
 
 import study
+import study_report
 
 
 def test_run_table_same_budget_and_warm_ups_first():
@@ -33,19 +34,19 @@ def test_run_table_same_budget_and_warm_ups_first():
 
 
 def test_sign_flip_p_exact_values():
-    assert study.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)    # all same sign: the minimum 2/2^m
-    assert study.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
-    assert study.sign_flip_p([1.0, -1.0]) == 1.0
+    assert study_report.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)    # all same sign: the minimum 2/2^m
+    assert study_report.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
+    assert study_report.sign_flip_p([1.0, -1.0]) == 1.0
     # [3, 1, -1]: |sum| = 3; patterns with |sum| >= 3: +-(3, 1, -1), +-(3, 1, 1), +-(3, -1, -1) -> 6 of 8
-    assert study.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)
+    assert study_report.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)
 
 
 def test_bootstrap_ci_brackets_the_mean_and_excludes_zero_when_every_problem_agrees():
     same = [[0.25] * 40, [0.125] * 40]
-    lo, hi = study.bootstrap_ci(same, reps=2000)
+    lo, hi = study_report.bootstrap_ci(same, reps=2000)
     assert lo == pytest.approx(0.1875) and hi == pytest.approx(0.1875)
     mixed = [[0.5, -0.5] * 20]
-    lo, hi = study.bootstrap_ci(mixed, reps=2000)
+    lo, hi = study_report.bootstrap_ci(mixed, reps=2000)
     assert lo < 0 < hi
 
 
@@ -55,8 +56,8 @@ def test_bootstrap_ci_brackets_the_mean_and_excludes_zero_when_every_problem_agr
     (1, 0.1, 0.25, (-0.01, 0.2), "same direction, within noise"), (-1, 0.1, 0.5, None, "opposite direction, within noise"),
     (0, 0.1, 0.25, (0.01, 0.2), "A above B (for these runs)"), (0, -0.1, 0.5, None, "A below B, within noise")])
 def test_verdict_rule(sign, mean, p, ci, want):
-    assert study.verdict(sign, mean, p, ci) == want
-    assert study.verdict(sign, mean, p, ci, regime="why").startswith("not testable here")
+    assert study_report.verdict(sign, mean, p, ci) == want
+    assert study_report.verdict(sign, mean, p, ci, regime="why").startswith("not testable here")
 
 
 def test_collapse_rule():
@@ -76,6 +77,13 @@ def test_best_checkpoint_is_the_highest_reward_window():
     assert study.best_checkpoint(rows, [25, 50, 75, 100]) == (50, 1.0)
 
 
+def committed_in(folder, monkeypatch):
+    """The study's committed files (study/) read from and written to `folder`."""
+    for module in (study, study_report):
+        monkeypatch.setattr(module, "KEEP", str(folder))
+    monkeypatch.setattr(study_report, "V1", str(folder / "v1"))
+
+
 def _write_run(keep, run_id, acc, counts):
     d = keep / run_id
     d.mkdir(parents=True)
@@ -90,10 +98,9 @@ def _write_run(keep, run_id, acc, counts):
 
 
 def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "KEEP", str(tmp_path))
-    monkeypatch.setattr(study, "V1", str(tmp_path / "v1"))
+    committed_in(tmp_path, monkeypatch)
     _write_run(tmp_path, "warmup-s1", [], [1, 0, 0, 0, 0])
-    study.report()                                                     # only a warm-up has finished
+    study_report.report()                                                     # only a warm-up has finished
     assert "| SFT warm-up (the start) | 1/3 |" in (tmp_path / "summary.md").read_text()
     for s in (1, 2, 3):                       # GTPO: one more correct sample per problem than GRPO, every run
         for name, extra in (("gtpo-a6", 1), ("gtpo-a9", 1), ("grpo-a6", 0), ("grpo-a9", 0), ("grpo-kl6", 0),
@@ -104,9 +111,9 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
             (tmp_path / f"{name}-s{s}" / "conflicts.json").write_text(json.dumps(
                 {"format_share": 0.6, "format_share_of_tokens": 0.4, "conflict_share": 0.1}))
     rows = {}
-    for r in study.question_rows():
+    for r in study_report.question_rows():
         rows.setdefault((r["q"], r["metric"]), r)                      # the first row of each (question, metric)
-    kl6 = next(r for r in study.question_rows() if "1e-6" in r["claim"])
+    kl6 = next(r for r in study_report.question_rows() if "1e-6" in r["claim"])
     assert kl6["units"] == 3 and kl6["verdict"] == "holds for these runs"
     q1 = rows[("Q1", "ID pass@1")]
     assert q1["units"] == 6 and q1["values"] == [pytest.approx(4 / 8 / 5)] * 6
@@ -119,7 +126,7 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     q3 = rows[("Q3", "ID pass@1")]
     assert q3["units"] == 3 and q3["verdict"] == "holds for these runs"   # p = 0.25 at 3 units; CI > 0
     assert rows[("Q4", "ID pass@1, final")]["units"] == 0
-    study.report()
+    study_report.report()
     text = (tmp_path / "summary.md").read_text()
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
     assert "Q5: conflict tokens are mostly format tokens (Sec. 4.1) — holds" in text
@@ -132,7 +139,7 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
 
 
 def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    committed_in(tmp_path, monkeypatch)
     for name in ("gtpo-long", "grpo-long"):
         for s in (1, 2):
             d = tmp_path / f"{name}-s{s}"
@@ -143,21 +150,21 @@ def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
             (d / "config.json").write_text(json.dumps({"h_ini": 0.401}))
             (d / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0}, {"step": 40, "kl": s / 10}],
                                                         "problems": 16, "samples_per_problem": 2}))
-    lines, rule = study.collapse_lines()
+    lines, rule = study_report.collapse_lines()
     assert rule.startswith("holds") and len(lines) == 6
     assert lines[2] == "| GTPO, 200 steps, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none | 0.100 (step 40) |"
     assert lines[5].startswith("| GRPO β=0, 200 steps, seed 2 |") and lines[5].endswith("| 0.200 (step 40) |")
-    assert study.plot_curves(["gtpo-long", "grpo-long"], "long", str(tmp_path / "long.png"), 10, kl=True)
+    assert study_report.plot_curves(["gtpo-long", "grpo-long"], "long", str(tmp_path / "long.png"), 10, kl=True)
 
 
 def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    committed_in(tmp_path, monkeypatch)
     _write_run(tmp_path, "gtpo-a6-s1", [1.0] * 20, [1, 0, 0, 0, 0])
     (tmp_path / "gtpo-a6-s1" / "times.json").write_text(json.dumps({
         "train": [{"seconds": 900.0, "finished": True, "workers": 2, "paused_seconds": 300}],
         "eval-id": [{"seconds": 1200.0, "finished": True, "workers": 2}]}))
-    assert study.cost_hours() == pytest.approx((600 + 1200) / 3600)
-    row = next(line for line in study.summary_lines() if line.startswith("| GTPO, Adam β 0.999999 |"))
+    assert study_report.cost_hours() == pytest.approx((600 + 1200) / 3600)
+    row = next(line for line in study_report.summary_lines() if line.startswith("| GTPO, Adam β 0.999999 |"))
     assert row.endswith("| 10.0 ± 0.0 |")                               # train minutes: 600 s worked
 
 
@@ -165,7 +172,7 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
     """Part 3 (docs/study.md): the pilot runs rung by rung; the first rung whose GRPO run collapses
     is the test's setting, later rungs are skipped, and the test's jobs (fresh seeds, both methods)
     join the table with that rung's flags. A run stopped on non-finite losses counts as collapsed."""
-    monkeypatch.setattr(study, "KEEP", str(tmp_path))
+    committed_in(tmp_path, monkeypatch)
     assert study.chosen_rung() is None
     assert not any(j[0].startswith("collapse-") for j in study.collapse_jobs())
     calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "entropy": 0.3} for k in range(1, 101)]
@@ -183,3 +190,61 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
         {f"warmup-collapse-s{s}" for s in study.TEST_SEEDS}
     assert study.collapse_step(calm[:40], {"step": 40}) == 40                     # diverged: collapsed there
     assert study.collapse_step(broke, {"step": 99}) < 99                           # the rule's earlier step wins
+
+
+def test_fisher_exact_one_sided_hand_values_and_the_declared_verdicts():
+    """docs/study.md's sizes: 4/4 vs 0/4 p = 1/70, 5/6 vs 1/6 p = 37/924; with 5 + 5 seeds 5/5 vs 1/5
+    and 4/5 vs 0/5 reach 0.05, 4/5 vs 1/5 does not."""
+    f = study_report.fisher_one_sided
+    assert f(4, 4, 0, 4) == pytest.approx(1 / 70) and f(5, 6, 1, 6) == pytest.approx(37 / 924)
+    assert f(5, 5, 1, 5) == pytest.approx(5 / 210) and f(4, 5, 0, 5) == pytest.approx(5 / 210)
+    assert f(4, 5, 1, 5) == pytest.approx(26 / 252) and f(0, 5, 0, 5) == 1.0
+    v = study_report.collapse_verdict
+    assert v([True] * 5, [True] + [False] * 4)[0] == "holds"
+    assert v([True] * 4 + [False], [True] + [False] * 4)[0] == "same direction, within noise"
+    assert v([False] * 5, [True] * 5)[0] == "contradicted"
+    assert v([True, False], [True, False]) == ("no difference", 1.0)
+
+
+def _write_rl(folder, run_id, rows, h_ini=None, evals=()):
+    d = folder / run_id
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "config.json").write_text(json.dumps({"h_ini": h_ini}))
+    for name, p1 in evals:
+        (d / f"eval-{name}.json").write_text(json.dumps({"pass@k": {"1": p1}}))
+
+
+def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
+    """The pilot's table stops at the first rung whose GRPO run collapses and names it; the test's
+    table gives each seed's collapse steps and pass@1, and its verdict once every seed has finished."""
+    committed_in(tmp_path, monkeypatch)
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "rewards/accuracy": 1.0, "entropy": 0.3,
+             "gtpo/filtered_frac": 0.25} for k in range(1, 101)]
+    broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if r["step"] > 60 else {})) for r in calm]
+    _write_rl(tmp_path, "pilot-r1-grpo-s11", calm)
+    lines, rule = study_report.ladder_lines()
+    assert rule == "pilot not finished" and len(lines) == 3
+    _write_rl(tmp_path, "pilot-r1-gtpo-s11", calm, h_ini=0.39)
+    _write_rl(tmp_path, "pilot-r2-grpo-s11", broke)
+    _write_rl(tmp_path, "pilot-r3-grpo-s11", calm)                    # a later rung: not in the table
+    lines, rule = study_report.ladder_lines()
+    assert rule.startswith("test at r2") and len(lines) == 5
+    assert lines[3] == ("| r1 | arithmetic | 5e-4 | GTPO | 0.390 | 0.30 → 0.30 → 0.30 | 95 → 95 → 95 | 10.0 | "
+                        "none |")
+    # GRPO r2 collapses at 64: 4 broken steps take the trailing format to 9.5 - 4 x 0.55 <= 7.5, entropy 0.74
+    assert lines[4].startswith("| r2 | arithmetic | 1e-3 | GRPO β=0 | – |") and lines[4].endswith("| 64 |")
+    for s in study.TEST_SEEDS[:-1]:
+        _write_rl(tmp_path, f"collapse-grpo-s{s}", broke, evals=(("rung", 0.1), ("rung-precollapse", 0.3)))
+        _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.2), ("rung-precollapse", 0.2)))
+    lines, rule, secondary = study_report.collapse_test_lines()
+    assert rule == "not finished (4 of 5 seeds)" and secondary is None
+    assert lines[2] == "| 21 | 0.400 | 64 | none | 25.0 | 0.100 / 0.200 | 0.300 / 0.200 |"
+    s = study.TEST_SEEDS[-1]
+    _write_rl(tmp_path, f"collapse-grpo-s{s}", calm, evals=(("rung", 0.1),))
+    _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.1),))
+    lines, rule, secondary = study_report.collapse_test_lines()
+    assert rule == ("holds: GRPO collapses in 4 of 5 seeds, GTPO in 0 of 5; Fisher's exact test, one-sided, "
+                    "p = 0.024")
+    assert lines[-1].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in secondary
+    assert study_report.plot_runs(study_report.ladder_plot_lines(), "ladder", str(tmp_path / "ladder.png"))
