@@ -422,9 +422,7 @@ def main(argv=None):
             return 0
         if n > 1:
             return 0                                    # the report once all workers are done: --report
-    from study_report import report
-    report()
-    return 0
+    return subprocess.call([sys.executable, os.path.join(HERE, "study_report.py")])   # it imports this file
 
 
 if __name__ == "__main__":
