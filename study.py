@@ -124,6 +124,15 @@ def pilot_skipped(run_id):
     return names.index(run_id.split("-")[1]) > names.index(rung)
 
 
+def earlier_rungs_pending(run_id):
+    """A pilot run of a rung whose earlier rungs' GRPO runs have not all finished: whether it runs at
+    all (pilot_skipped) is not known yet."""
+    if not run_id.startswith("pilot-"):
+        return False
+    names = [name for name, _, _ in LADDER]
+    return any(load(f"pilot-{name}-grpo-s{PILOT_SEED}") is None for name in names[:names.index(run_id.split("-")[1])])
+
+
 def jobs():
     """(run id, flags, seed, warm-up run id or None, evaluations) in order: warm-ups, main, long,
     collapse (collapse_jobs)."""
@@ -341,6 +350,9 @@ def run_all(shard, only=(), threads=None):
             return
         run_id, flags, seed, start, evals = todo[0]
         done.add(run_id)
+        while earlier_rungs_pending(run_id) and not pilot_skipped(run_id):      # the other worker's
+            print(f"{run_id} waits for the earlier rungs' GRPO runs", flush=True)
+            time.sleep(30)
         if (start and finished(run_id, evals)) or pilot_skipped(run_id):
             continue            # a warm-up's final/ is rebuilt when missing: later runs start from it
         out = train(run_id, flags, seed, start, shard, threads)

@@ -171,7 +171,8 @@ def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
 def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_path, monkeypatch):
     """Part 3 (docs/study.md): the pilot runs rung by rung; the first rung whose GRPO run collapses
     is the test's setting, later rungs are skipped, and the test's jobs (fresh seeds, both methods)
-    join the table with that rung's flags. A run stopped on non-finite losses counts as collapsed."""
+    join the table with that rung's flags; a rung's runs wait for every earlier rung's GRPO run. A
+    run stopped on non-finite losses counts as collapsed."""
     committed_in(tmp_path, monkeypatch)
     assert study.chosen_rung() is None
     assert not any(j[0].startswith("collapse-") for j in study.collapse_jobs())
@@ -188,6 +189,7 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
     assert flags[flags.index("--lr") + 1] == "1e-3" and flags[flags.index("--dataset") + 1] == "arithmetic"
     assert flags[:len(study.COMMON)] == study.COMMON and {j[3] for j in tests} == \
         {f"warmup-collapse-s{s}" for s in study.TEST_SEEDS}
+    assert not study.earlier_rungs_pending("pilot-r3-gtpo-s11") and study.earlier_rungs_pending("pilot-r4-gtpo-s11")
     assert study.collapse_step(calm[:40], {"step": 40}) == 40                     # diverged: collapsed there
     assert study.collapse_step(broke, {"step": 99}) < 99                           # the rule's earlier step wins
 
