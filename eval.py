@@ -458,22 +458,25 @@ def rescored(args):
     return rows, meta, ks, seed, out
 
 
+def one_shot(args, model):
+    """The worked example shown before each problem (--one_shot_from; default: arithmetic for the
+    embedded model, as in its training demo, none otherwise) -> (dataset name or "none", example or None)."""
+    name = args.one_shot_from or ("arithmetic" if model == "smollm2-135m" else "none")
+    return name, None if name == "none" else one_shot_example(load_task(name, "train", args.data_dir)[0])
+
+
 def sampled(args):
     """Sample --n_samples completions per problem (resumable) and score them -> (rows, meta, ks, seed, out)."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.max_completion_length is None:
         args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
-    if args.one_shot_from is None:
-        args.one_shot_from = "arithmetic" if args.model == "smollm2-135m" else "none"
     if args.n_samples < 1 or args.batch_size < 1:
         raise DataError("--n_samples and --batch_size must be >= 1")
     records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
     if not records:
         raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
     task = task_name(args.dataset)
-    example = None
-    if args.one_shot_from != "none":
-        example = one_shot_example(load_task(args.one_shot_from, "train", args.data_dir)[0])
+    args.one_shot_from, example = one_shot(args, args.model)
     ks = args.k or default_ks(args.n_samples)
     check_ks(ks, args.n_samples)                        # before any sampling time is spent
     seed = args.seed
@@ -506,8 +509,7 @@ def drift_main(args):
         raise DataError(f"--drift {args.drift!r}: not a training run's folder (no config.json)")
     cfg = runs.read_json(os.path.join(args.drift, "config.json"))
     records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
-    one_shot = args.one_shot_from or ("arithmetic" if cfg["model"] == "smollm2-135m" else "none")
-    example = None if one_shot == "none" else one_shot_example(load_task(one_shot, "train", args.data_dir)[0])
+    _, example = one_shot(args, cfg["model"])
     points = drift(args.drift, records, example, args.n_samples, args.max_completion_length or
                    cfg["max_completion_length"], args.seed, args.device or "cpu")
     out = args.output_dir or os.path.join(args.drift, "eval-kl")
