@@ -230,6 +230,14 @@ def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
     return torch.where(drop, torch.zeros_like(shaped), shaped)
 
 
+def filtered_stats(advantages, shaped, entropy):
+    """What delta_i removed (Eq. 6): (the fraction of the N completions whose nonzero advantage the
+    gate zeroed, their mean <H>_i in nats -- 0.0 when none was). advantages: (N,) before the gate;
+    shaped: (N,) entropy_gate's output; entropy: (N,) <H>_i."""
+    dropped = (shaped == 0) & (advantages != 0)                                      # (N,)
+    n = int(dropped.sum())
+    return dropped.float().mean().item(), (entropy.float() * dropped).sum().item() / max(n, 1)
+
 # -----------------------------------------------------------------------------
 # 4. losses
 

@@ -13,7 +13,7 @@ What changes against GRPOTrainer, all computed with gtpo.py's functions:
     prompt computed once for its completions);
   * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
     tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22.
-Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/mean_weight (and gtpo/h_ini with "auto").
+Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and gtpo/h_ini with "auto").
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
     python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
@@ -105,8 +105,9 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
     if args.conflict_norm:
         per_token = per_token / n_conf.clamp(min=1).unsqueeze(1).to(per_token.dtype)
     valid = mask.bool()
+    frac, h_dropped = gtpo.filtered_stats(a, shaped, h) if gate != "off" else (0.0, 0.0)
     metrics = {"gtpo/conflict_frac": (conflict & valid).sum().item() / max(valid.sum().item(), 1),
-               "gtpo/filtered_frac": ((shaped == 0) & (a != 0)).float().mean().item() if gate != "off" else 0.0,
+               "gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped,
                "gtpo/mean_weight": gtpo.masked_mean(weights, valid).item()}
     return per_token, metrics
 

@@ -133,7 +133,8 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
     m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (gtpo_rewards.py)
     if gated is not None:
-        m["gtpo/filtered_frac"] = ((gated == 0) & (adv != 0)).float().mean().item() if cfg.gate != "off" else 0.0
+        frac, h_dropped = gtpo.filtered_stats(adv, gated, h) if cfg.gate != "off" else (0.0, 0.0)
+        m.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped})
     if cfg.method == "gtpo":
         m.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
                   "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})

@@ -401,12 +401,23 @@ def ladder_lines():
     return lines, rule
 
 
+def filtered_entropy(rl_rows):
+    """Mean <H>_i of the completions delta_i removed over a run (each step's mean weighted by its share
+    filtered), or None when none was or the run's metrics predate gtpo/filtered_entropy."""
+    rows = [r for r in rl_rows if "gtpo/filtered_entropy" in r]
+    weight = sum(r["gtpo/filtered_frac"] for r in rows)
+    if not rows or len(rows) < len(rl_rows) or weight == 0:
+        return None
+    return sum(r["gtpo/filtered_frac"] * r["gtpo/filtered_entropy"] for r in rows) / weight
+
+
 def collapse_test_lines():
     """The test: per seed, each method's collapse step and ID pass@1 (final; last checkpoint before the
     collapse); the verdict (Fisher's exact test) once every run has finished; the secondary pass@1
     comparison (sign-flip p)."""
-    lines = ["| seed | <H>_ini | GRPO collapse step | GTPO collapse step | GTPO filtered % | ID pass@1 final "
-             "GRPO / GTPO | ID pass@1 before the collapse GRPO / GTPO |", "|---|---|---|---|---|---|---|"]
+    lines = ["| seed | <H>_ini | GRPO collapse step | GTPO collapse step | GTPO filtered % | GTPO <H>_i of the "
+             "filtered | ID pass@1 final GRPO / GTPO | ID pass@1 before the collapse GRPO / GTPO |",
+             "|---|---|---|---|---|---|---|---|"]
     flags, diffs = {"grpo": [], "gtpo": []}, []
     for s in TEST_SEEDS:
         d = {m: load(f"collapse-{m}-s{s}") for m in ("grpo", "gtpo")}
@@ -422,7 +433,8 @@ def collapse_test_lines():
         filt = statistics.fmean(r.get("gtpo/filtered_frac", 0.0) for r in d["gtpo"]["rl"])
         cell = lambda x: "–" if x is None else f"{x:.3f}"                            # noqa: E731
         lines.append(f"| {s} | {h_ini_of(d['gtpo'])} | {step['grpo'] or 'none'} | {step['gtpo'] or 'none'} | "
-                     f"{100 * filt:.1f} | {cell(final['grpo'])} / {cell(final['gtpo'])} | "
+                     f"{100 * filt:.1f} | {cell(filtered_entropy(d['gtpo']['rl']))} | "
+                     f"{cell(final['grpo'])} / {cell(final['gtpo'])} | "
                      f"{cell(before['grpo'])} / {cell(before['gtpo'])} |")
     n = len(flags["grpo"])
     if n < len(TEST_SEEDS):

@@ -275,6 +275,17 @@ def test_entropy_gate_modes():
         entropy_gate(A, H, thr, gam, "sometimes")
 
 
+def test_filtered_stats_counts_only_what_the_gate_removed():
+    A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
+    H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8])
+    # "all": rows 1 and 2 lose their advantage; row 4 (A = 0, H > ln 2) had nothing to lose
+    frac, h = gtpo.filtered_stats(A, entropy_gate(A, H, math.log(2), 0.1, "all"), H)
+    assert frac == pytest.approx(2 / 5) and h == pytest.approx((0.9 + 1.5) / 2)
+    frac, h = gtpo.filtered_stats(A, entropy_gate(A, H, math.log(2), 0.1, "neg"), H)
+    assert frac == pytest.approx(1 / 5) and h == pytest.approx(0.9)
+    assert gtpo.filtered_stats(A, entropy_gate(A, H, 2.0, 0.1, "all"), H) == (0.0, 0.0)
+
+
 def test_entropy_gate_does_not_backprop_through_entropy():
     H = torch.tensor([0.2, 0.3], requires_grad=True)
     out = entropy_gate(torch.tensor([1.0, -1.0]), H, 0.7, 0.1, "all")

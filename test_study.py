@@ -217,6 +217,15 @@ def _write_rl(folder, run_id, rows, h_ini=None, evals=()):
         (d / f"eval-{name}.json").write_text(json.dumps({"pass@k": {"1": p1}}))
 
 
+def test_filtered_entropy_weights_each_step_by_its_share_filtered():
+    rows = [{"gtpo/filtered_frac": 0.25, "gtpo/filtered_entropy": 1.0},
+            {"gtpo/filtered_frac": 0.75, "gtpo/filtered_entropy": 2.0},
+            {"gtpo/filtered_frac": 0.0, "gtpo/filtered_entropy": 0.0}]
+    assert study_report.filtered_entropy(rows) == pytest.approx(1.75)
+    assert study_report.filtered_entropy(rows + [{"gtpo/filtered_frac": 0.5}]) is None    # partly logged
+    assert study_report.filtered_entropy(rows[2:]) is None                               # nothing filtered
+
+
 def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
     """The pilot's table stops at the first rung whose GRPO run collapses and names it; the test's
     table gives each seed's collapse steps and pass@1, and its verdict once every seed has finished."""
@@ -241,7 +250,7 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
         _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.2), ("rung-precollapse", 0.2)))
     lines, rule, secondary = study_report.collapse_test_lines()
     assert rule == "not finished (4 of 5 seeds)" and secondary is None
-    assert lines[2] == "| 21 | 0.400 | 64 | none | 25.0 | 0.100 / 0.200 | 0.300 / 0.200 |"
+    assert lines[2] == "| 21 | 0.400 | 64 | none | 25.0 | – | 0.100 / 0.200 | 0.300 / 0.200 |"  # rows predate the key
     s = study.TEST_SEEDS[-1]
     _write_rl(tmp_path, f"collapse-grpo-s{s}", calm, evals=(("rung", 0.1),))
     _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.1),))
