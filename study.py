@@ -110,7 +110,7 @@ def collapse_jobs():
     if rung is not None:
         _, ds, lr = next(r for r in LADDER if r[0] == rung)
         out += [(f"{w}-s{s}", flags, s, None, ()) for s in TEST_SEEDS]
-        out += [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}", ("rung", "rung-precollapse"))
+        out += [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}", ("rung", "rung-precollapse", "kl"))
                 for s in TEST_SEEDS for m in ("grpo", "gtpo")]
     return out
 
@@ -277,11 +277,11 @@ def evaluate(run_id, out, evals, shard, threads):
                 continue
             adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
+        ds = runs.read_json(os.path.join(out, "config.json"))["dataset"]          # the run's own task
         if name == "kl":
-            argv = [sys.executable, "eval.py", "--drift", out, "--limit", str(KL_PROBE[0]), "--n_samples",
-                    str(KL_PROBE[1]), "--seed", "0", "--output_dir", dest]
+            argv = [sys.executable, "eval.py", "--drift", out, "--dataset", ds, "--one_shot_from", ds, "--limit",
+                    str(KL_PROBE[0]), "--n_samples", str(KL_PROBE[1]), "--seed", "0", "--output_dir", dest]
         elif name.startswith("rung"):
-            ds = runs.read_json(os.path.join(out, "config.json"))["dataset"]
             argv = [sys.executable, "eval.py", "--adapter", adapter, "--dataset", ds, "--split", "test", "--limit",
                     "64", "--one_shot_from", ds, *EVAL_COMMON, "--output_dir", dest]
         else:

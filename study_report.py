@@ -571,8 +571,9 @@ V1_LABELS = {"gtpo": "GTPO", "grpo": "GRPO β=0", "gtpo-masks-only": "conflict m
 
 
 def plot_runs(lines, title, path):
-    """Entropy and formatting (trailing COLLAPSE_WINDOW-step means) per RL step of single runs; lines:
-    (run id, label, color, line style); the collapse step of a run that collapsed is marked."""
+    """Entropy, formatting and accuracy (trailing COLLAPSE_WINDOW-step means) per RL step of single runs,
+    and their KL to the start at each checkpoint where the `kl` evaluation is there; lines: (run id,
+    label, color, line style); the collapse step of a run that collapsed is marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -580,18 +581,28 @@ def plot_runs(lines, title, path):
     found = [x for x in found if x[0] is not None and len(x[0]["rl"]) >= COLLAPSE_WINDOW]
     if not found:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = [("entropy", 1.0, "mean token entropy (nats), trailing 10 steps"),
+              ("rewards/format", 10.0, "formatting (% of 10 points), trailing 10 steps"),
+              ("rewards/accuracy", 10.0, "accuracy (% of 10 points), trailing 10 steps")]
+    kl = any(d["evals"].get("kl") for d, *_ in found)
+    fig, axes = plt.subplots(1, len(panels) + kl, figsize=(5.2 * (len(panels) + kl), 4))
     for d, label, color, ls in found:
         steps = [r["step"] for r in d["rl"]]
         step = collapse_step(d["rl"], d.get("diverged.json"))
-        for ax, key, scale in ((axes[0], "entropy", 1.0), (axes[1], "rewards/format", 10.0)):
+        for ax, (key, scale, _) in zip(axes, panels):
             ax.plot(steps, trailing([scale * r[key] for r in d["rl"]], COLLAPSE_WINDOW), color=color, ls=ls, lw=1.4,
                     label=label + (f", collapses at {step}" if step else ""))
             if step:
                 ax.axvline(step, color=color, ls=":", lw=1)
+        if kl and d["evals"].get("kl"):
+            points = d["evals"]["kl"]["points"]
+            axes[-1].plot([p["step"] for p in points], [p["kl"] for p in points], color=color, ls=ls, lw=1.4,
+                          marker="o", ms=3)
     axes[0].axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (the rule's entropy bar)")
-    axes[0].set_title("mean token entropy (nats), trailing 10 steps", fontsize=9)
-    axes[1].set_title("formatting (% of 10 points), trailing 10 steps", fontsize=9)
+    for ax, (_, _, name) in zip(axes, panels):
+        ax.set_title(name, fontsize=9)
+    if kl:
+        axes[-1].set_title("KL(π || start), k3, at each checkpoint", fontsize=9)
     for ax in axes:
         ax.set_xlabel("RL step", fontsize=9)
         ax.grid(alpha=0.3)

@@ -259,3 +259,6 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
                     "p = 0.024")
     assert lines[-1].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in secondary
     assert study_report.plot_runs(study_report.ladder_plot_lines(), "ladder", str(tmp_path / "ladder.png"))
+    (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
+                                                                                        {"step": 100, "kl": 0.3}]}))
+    assert study_report.plot_runs(study_report.test_plot_lines(), "test", str(tmp_path / "test.png"))   # + a KL panel
