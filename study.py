@@ -260,11 +260,11 @@ def evaluate(run_id, out, evals, shard, threads):
         keep = os.path.join(KEEP, run_id, f"eval-{name}.json")
         if os.path.isfile(keep):
             continue
-        adapter = os.path.join(out, "final")
+        adapter, same = os.path.join(out, "final"), None
         if name.startswith("rung"):                     # the collapse test: the rung's own test split
             adapter, same = rung_adapter(run_id, out, name)
-            if same:                                    # the pre-collapse checkpoint is the final adapter
-                shutil.copyfile(os.path.join(KEEP, run_id, f"eval-{same}.json"), keep)
+            if same and os.path.isfile(same):           # this evaluation is done already
+                shutil.copyfile(same, keep)
                 continue
         if name.endswith("-best"):
             rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
@@ -292,12 +292,16 @@ def evaluate(run_id, out, evals, shard, threads):
         attempt(run_id, f"eval-{name}", argv, os.path.join(out, "eval.log"), os.path.join(dest, "results.json"),
                 shard, threads)
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
+        if same:                                        # the warm-up's: the seed's other run reads it there
+            shutil.copyfile(os.path.join(dest, "results.json"), same)
 
 
 def rung_adapter(run_id, out, name):
-    """The adapter a collapse-test evaluation reads -> (folder, None), or (None, "rung") when it is
-    the one `rung` already evaluated. `rung`: final/ (a diverged run's last checkpoint);
-    `rung-precollapse`: the last checkpoint saved before the collapse step (the warm-up if none)."""
+    """The adapter a collapse-test evaluation reads -> (folder, None), or (folder, the committed file
+    that holds or will hold the same evaluation). `rung`: final/ (a diverged run's last checkpoint);
+    `rung-precollapse`: the last checkpoint saved before the collapse step -- the final adapter when
+    the run never collapsed (the file: its eval-rung.json), the warm-up when none was saved (the file:
+    the warm-up's eval-rung.json, which both of the seed's runs read)."""
     saved = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
     last = os.path.join(out, "final") if os.path.isdir(os.path.join(out, "final")) else \
         os.path.join(out, f"checkpoint-{saved[-1]}")
@@ -309,9 +313,11 @@ def rung_adapter(run_id, out, name):
     runs.write_json(os.path.join(KEEP, run_id, "precollapse.json"), {"collapse_step": step,
                                                                      "checkpoint": before[-1] if before else None})
     if step is None:
-        return None, "rung"
-    return (os.path.join(out, f"checkpoint-{before[-1]}") if before else
-            runs.read_json(os.path.join(out, "config.json"))["init_from"]), None
+        return last, os.path.join(KEEP, run_id, "eval-rung.json")
+    if before:
+        return os.path.join(out, f"checkpoint-{before[-1]}"), None
+    start = runs.read_json(os.path.join(out, "config.json"))["init_from"]             # <warm-up>/final
+    return start, os.path.join(KEEP, os.path.basename(os.path.dirname(start)), "eval-rung.json")
 
 
 def wait_for(path):

@@ -262,3 +262,29 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
     (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
                                                                                         {"step": 100, "kl": 0.3}]}))
     assert study_report.plot_runs(study_report.test_plot_lines(), "test", str(tmp_path / "test.png"))   # + a KL panel
+
+
+def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_path, monkeypatch):
+    """The last checkpoint before the collapse step; the final adapter's own evaluation when the run never
+    collapsed; the warm-up, shared by the seed's two runs, when no checkpoint came before the collapse."""
+    keep, work = tmp_path / "study", tmp_path / "runs"
+    keep.mkdir()
+    committed_in(keep, monkeypatch)
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "entropy": 0.3} for k in range(1, 101)]
+    for run_id, breaks in (("collapse-grpo-s21", 60), ("collapse-gtpo-s21", 10), ("collapse-grpo-s22", None)):
+        rows = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if breaks and r["step"] > breaks else {}))
+                for r in calm]
+        _write_rl(keep, run_id, rows)
+        out = work / run_id
+        for n in (25, 50, 75, 100):
+            (out / f"checkpoint-{n}").mkdir(parents=True)
+        (out / "final").mkdir()
+        (out / "config.json").write_text(json.dumps({"init_from": str(work / "warmup-collapse-s21" / "final")}))
+    rung = lambda run_id: study.rung_adapter(run_id, str(work / run_id), "rung-precollapse")  # noqa: E731
+    assert rung("collapse-grpo-s21") == (str(work / "collapse-grpo-s21" / "checkpoint-50"), None)   # collapses at 64
+    assert rung("collapse-gtpo-s21") == (str(work / "warmup-collapse-s21" / "final"),
+                                         str(keep / "warmup-collapse-s21" / "eval-rung.json"))
+    assert rung("collapse-grpo-s22") == (str(work / "collapse-grpo-s22" / "final"),
+                                         str(keep / "collapse-grpo-s22" / "eval-rung.json"))
+    assert json.loads((keep / "collapse-gtpo-s21" / "precollapse.json").read_text()) == {"collapse_step": 14,
+                                                                                         "checkpoint": None}
