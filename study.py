@@ -101,7 +101,7 @@ def chosen_rung():
 
 def collapse_jobs():
     """The collapse part's jobs: warm-ups, the pilot's rungs (GRPO and GTPO on PILOT_SEED), then --
-    once chosen_rung() names a rung -- the test's runs on TEST_SEEDS."""
+    once chosen_rung() names a rung -- the test's runs on TEST_SEEDS, and last their KL drift."""
     w, flags = COLLAPSE_WARMUP
     out = [(f"{w}-s{PILOT_SEED}", flags, PILOT_SEED, None, ())]
     out += [(f"pilot-{name}-{m}-s{PILOT_SEED}", rung_flags(m, ds, lr), PILOT_SEED, f"{w}-s{PILOT_SEED}", ())
@@ -110,8 +110,10 @@ def collapse_jobs():
     if rung is not None:
         _, ds, lr = next(r for r in LADDER if r[0] == rung)
         out += [(f"{w}-s{s}", flags, s, None, ()) for s in TEST_SEEDS]
-        out += [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}", ("rung", "rung-precollapse", "kl"))
+        test = [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}")
                 for s in TEST_SEEDS for m in ("grpo", "gtpo")]
+        out += [(*job, ("rung", "rung-precollapse")) for job in test]
+        out += [(*job, ("kl",)) for job in test]        # reporting only: after every run the verdict needs
     return out
 
 
@@ -350,12 +352,12 @@ def run_all(shard, only=(), threads=None):
     threads = threads or max(1, (os.cpu_count() or 1) // n)
     done = set()
     while True:
-        todo = [job for i, job in enumerate(jobs()) if i % n == k and job[0] not in done
+        todo = [job for i, job in enumerate(jobs()) if i % n == k and (job[0], job[4]) not in done
                 and (not only or job[0].startswith(tuple(only)))]
         if not todo:
             return
         run_id, flags, seed, start, evals = todo[0]
-        done.add(run_id)
+        done.add((run_id, evals))
         while earlier_rungs_pending(run_id) and not pilot_skipped(run_id):      # the other worker's
             print(f"{run_id} waits for the earlier rungs' GRPO runs", flush=True)
             time.sleep(30)

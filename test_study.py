@@ -12,7 +12,7 @@ import study_report
 def test_run_table_same_budget_and_warm_ups_first():
     jobs = study.jobs()
     ids = [run_id for run_id, *_ in jobs]
-    assert len(ids) == len(set(ids))
+    assert len({(job[0], job[4]) for job in jobs}) == len(jobs)        # a run id repeats only to evaluate more
     warm = {run_id for run_id, _, _, start, _ in jobs if start is None}
     for i, (run_id, flags, seed, start, evals) in enumerate(jobs):
         assert run_id.endswith(f"-s{seed}")
@@ -184,7 +184,9 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
     assert study.chosen_rung() == "r2"
     assert not study.pilot_skipped("pilot-r2-gtpo-s11") and study.pilot_skipped("pilot-r3-grpo-s11")
     tests = [j for j in study.collapse_jobs() if j[0].startswith("collapse-")]
-    assert sorted({j[2] for j in tests}) == list(study.TEST_SEEDS) and len(tests) == 2 * len(study.TEST_SEEDS)
+    assert sorted({j[2] for j in tests}) == list(study.TEST_SEEDS) and len(tests) == 4 * len(study.TEST_SEEDS)
+    n = 2 * len(study.TEST_SEEDS)
+    assert [j[4] for j in tests] == [("rung", "rung-precollapse")] * n + [("kl",)] * n      # the drift last
     flags = tests[0][1]
     assert flags[flags.index("--lr") + 1] == "1e-3" and flags[flags.index("--dataset") + 1] == "arithmetic"
     assert flags[:len(study.COMMON)] == study.COMMON and {j[3] for j in tests} == \
