@@ -352,10 +352,11 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
 
 
 def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu"):
-    """KL(pi_c || pi_start) at the start and at each checkpoint c of a training run: k3 (Eq. 1's KL
-    estimator) averaged over the tokens pi_c samples for `records` (n_samples each, the same seed at
-    every checkpoint); pi_start is what the run began from (its --init_from). A beta = 0 run computes
-    no KL while training; this measures how far it moved. -> a list of {step, kl, tokens}."""
+    """KL(pi_c || pi_start) at the start and at each scheduled checkpoint c of a training run
+    (runs.saved_checkpoints): k3 (Eq. 1's KL estimator) averaged over the tokens pi_c samples for
+    `records` (n_samples each, the same seed at every checkpoint); pi_start is what the run began
+    from (its --init_from). A beta = 0 run computes no KL while training; this measures how far it
+    moved. -> a list of {step, kl, tokens}."""
     from gtpo import kl_k3, masked_mean
     from gtpo_logprobs import sequence_logprobs
     from rollout import rollout
@@ -364,7 +365,7 @@ def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cp
         raise DataError(f"--drift {run_dir}: the run has no --init_from to measure the drift from")
     start, tok = load_eval_model(cfg["model"], cfg["init_from"], device, False)
     prompts = [format_prompt(tok, r["question"], example) for r in records]
-    saved = {int(d.split("-")[1]): os.path.join(run_dir, d) for d in os.listdir(run_dir) if d.startswith("checkpoint-")}
+    saved = runs.saved_checkpoints(run_dir, cfg)
     points = []
     for step, adapter in sorted({0: cfg["init_from"], **saved}.items()):     # step 0, the start: 0 exactly
         policy, _ = load_eval_model(cfg["model"], adapter, device, False)

@@ -112,9 +112,18 @@ def truncate_log(path, step, log=print):
 # -----------------------------------------------------------------------------
 # checkpoints
 
+def saved_checkpoints(out, config=None):
+    """{step: folder} of out's checkpoint-N folders, by step; config (the run's config.json): only the
+    scheduled ones, steps that are multiples of save_steps or max_steps, without those a stop signal
+    saved mid-way, so that runs compare at the same steps."""
+    ckpts = {int(d.rsplit("-", 1)[-1]): d for d in glob.glob(os.path.join(out, "checkpoint-*"))
+             if d.rsplit("-", 1)[-1].isdigit()}
+    planned = (lambda n: n % config["save_steps"] == 0 or n == config["max_steps"]) if config else (lambda n: True)
+    return {n: ckpts[n] for n in sorted(ckpts) if planned(n)}
+
+
 def last_checkpoint(out):
-    ckpts = [d for d in glob.glob(os.path.join(out, "checkpoint-*")) if d.rsplit("-", 1)[-1].isdigit()]
-    return max(ckpts, key=lambda d: int(d.rsplit("-", 1)[-1]), default=None)
+    return max(saved_checkpoints(out).items(), default=(None, None))[1]
 
 
 def save_folder(path, write):

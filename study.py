@@ -270,7 +270,7 @@ def evaluate(run_id, out, evals, shard, threads):
                 continue
         if name.endswith("-best"):
             rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
-            saved = [int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")]
+            saved = list(runs.saved_checkpoints(out, runs.read_json(os.path.join(out, "config.json"))))
             step, mean = best_checkpoint(rows, saved)
             runs.write_json(os.path.join(KEEP, run_id, "best.json"), {"step": step, "mean_reward": mean,
                                                                       "window": BEST_WINDOW})
@@ -301,10 +301,11 @@ def evaluate(run_id, out, evals, shard, threads):
 def rung_adapter(run_id, out, name):
     """The adapter a collapse-test evaluation reads -> (folder, None), or (folder, the committed file
     that holds or will hold the same evaluation). `rung`: final/ (a diverged run's last checkpoint);
-    `rung-precollapse`: the last checkpoint saved before the collapse step -- the final adapter when
+    `rung-precollapse`: the last scheduled checkpoint before the collapse step -- the final adapter when
     the run never collapsed (the file: its eval-rung.json), the warm-up when none was saved (the file:
     the warm-up's eval-rung.json, which both of the seed's runs read)."""
-    saved = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+    config = runs.read_json(os.path.join(out, "config.json"))
+    saved = list(runs.saved_checkpoints(out, config))
     last = os.path.join(out, "final") if os.path.isdir(os.path.join(out, "final")) else \
         os.path.join(out, f"checkpoint-{saved[-1]}")
     if name == "rung":
@@ -318,7 +319,7 @@ def rung_adapter(run_id, out, name):
         return last, os.path.join(KEEP, run_id, "eval-rung.json")
     if before:
         return os.path.join(out, f"checkpoint-{before[-1]}"), None
-    start = runs.read_json(os.path.join(out, "config.json"))["init_from"]             # <warm-up>/final
+    start = config["init_from"]                                                          # <warm-up>/final
     return start, os.path.join(KEEP, os.path.basename(os.path.dirname(start)), "eval-rung.json")
 
 

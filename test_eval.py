@@ -250,23 +250,26 @@ def test_plot_legend_says_trained_or_untrained():
 
 
 def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_model_dir, tmp_path):
-    """eval.py --drift: KL(pi_c || start) per checkpoint; exactly 0 at step 0 and for a checkpoint
-    equal to the start, positive for one that moved; written to results.json by the command."""
+    """eval.py --drift: KL(pi_c || start) per scheduled checkpoint (not one a stop signal saved);
+    exactly 0 at step 0 and for a checkpoint equal to the start, positive for one that moved;
+    written to results.json by the command."""
     import runs
     start = tiny_lm(lora=True)
     start.save_pretrained(tmp_path / "start")
-    start.save_pretrained(tmp_path / "run" / "checkpoint-1")
+    start.save_pretrained(tmp_path / "run" / "checkpoint-2")
+    start.save_pretrained(tmp_path / "run" / "checkpoint-3")                  # off the save_steps schedule
     with torch.no_grad():
         for n, p in start.named_parameters():
             if "lora_B" in n:
                 p.add_(0.5 * torch.randn_like(p))
-    start.save_pretrained(tmp_path / "run" / "checkpoint-2")
+    start.save_pretrained(tmp_path / "run" / "checkpoint-4")
     runs.write_json(str(tmp_path / "run" / "config.json"), {"model": tiny_model_dir, "init_from": str(tmp_path / "start"),
-                                                            "max_completion_length": 6})
+                                                            "max_completion_length": 6, "save_steps": 2,
+                                                            "max_steps": 4})
     assert ev.main(["--drift", str(tmp_path / "run"), "--limit", "2", "--n_samples", "2", "--one_shot_from",
                     "none"]) == 0
     res = runs.read_json(str(tmp_path / "run" / "eval-kl" / "results.json"))
-    assert [p["step"] for p in res["points"]] == [0, 1, 2] and all(p["tokens"] > 0 for p in res["points"])
+    assert [p["step"] for p in res["points"]] == [0, 2, 4] and all(p["tokens"] > 0 for p in res["points"])
     assert res["points"][0]["kl"] == 0.0 and res["points"][1]["kl"] == 0.0 and res["points"][2]["kl"] > 0
     with pytest.raises(DataError, match="no config.json"):
         ev.main(["--drift", str(tmp_path / "start")])

@@ -267,8 +267,8 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
 
 
 def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_path, monkeypatch):
-    """The last checkpoint before the collapse step; the final adapter's own evaluation when the run never
-    collapsed; the warm-up, shared by the seed's two runs, when no checkpoint came before the collapse."""
+    """The last scheduled checkpoint before the collapse step; the final adapter's own evaluation when the
+    run never collapsed; the warm-up, shared by the seed's two runs, when no checkpoint came before the collapse."""
     keep, work = tmp_path / "study", tmp_path / "runs"
     keep.mkdir()
     committed_in(keep, monkeypatch)
@@ -278,10 +278,11 @@ def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_pat
                 for r in calm]
         _write_rl(keep, run_id, rows)
         out = work / run_id
-        for n in (25, 50, 75, 100):
+        for n in (25, 50, 60, 75, 100):                             # 60: saved by a stop signal, not on schedule
             (out / f"checkpoint-{n}").mkdir(parents=True)
         (out / "final").mkdir()
-        (out / "config.json").write_text(json.dumps({"init_from": str(work / "warmup-collapse-s21" / "final")}))
+        (out / "config.json").write_text(json.dumps({"init_from": str(work / "warmup-collapse-s21" / "final"),
+                                                     "save_steps": 25, "max_steps": 100}))
     rung = lambda run_id: study.rung_adapter(run_id, str(work / run_id), "rung-precollapse")  # noqa: E731
     assert rung("collapse-grpo-s21") == (str(work / "collapse-grpo-s21" / "checkpoint-50"), None)   # collapses at 64
     assert rung("collapse-gtpo-s21") == (str(work / "warmup-collapse-s21" / "final"),
