@@ -150,7 +150,7 @@ def save_weights(model, folder):
     in place when it is, which would change the base a run continues with."""
     if hasattr(model, "peft_config"):
         model.save_pretrained(folder, state_dict={n: p.detach() for n, p in model.named_parameters()
-                                                  if p.requires_grad})
+                                                  if p.requires_grad}, selected_adapters=["default"])
     else:
         model.save_pretrained(folder)
 

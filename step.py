@@ -82,10 +82,25 @@ def prompt_rows(ro, s, n, G, share):
     return ro.prompt_ids[rows], ro.prompt_mask[rows], owner - first
 
 
+REFERENCE_ADAPTER = "reference"      # --init_from's adapter, frozen, beside the trained "default"
+
+
+@contextlib.contextmanager
+def reference_adapter(model):
+    """The LoRA model computing with the frozen starting adapter instead of the trained one."""
+    model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)
+    try:
+        yield
+    finally:
+        model.set_adapter("default")                    # trainable again, as before
+
+
 def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
-    """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same model with its LoRA
-    adapters switched off (no second copy in memory)."""
-    ctx = contextlib.nullcontext() if ref_model is not None else model.disable_adapter()
+    """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same LoRA model with its
+    starting adapter (after --init_from) or with its adapters switched off (no second copy in memory)."""
+    ctx = (contextlib.nullcontext() if ref_model is not None else
+           reference_adapter(model) if REFERENCE_ADAPTER in getattr(model, "peft_config", {}) else
+           model.disable_adapter())
     with torch.no_grad(), ctx, autocast(model):
         ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, prompt[0], prompt[1],
                                    ro.completion_ids[rows], ro.completion_mask[rows], with_entropy=False,

@@ -514,6 +514,24 @@ def test_two_ranks_every_method_same_metric_keys_and_weights(tmp_path, tiny_args
     assert [x["step"] for x in _rows(str(out))] == [1, 2]
 
 
+def test_two_ranks_grpo_with_the_starting_adapter_as_reference(tmp_path, tiny_args):
+    """GRPO beta > 0 after --init_from on 2 ranks: switching to the frozen reference adapter and back
+    between the gradient passes leaves the ranks bit-identical and the KL 0 at step 1."""
+    import train
+    start = tmp_path / "sft"
+    assert train.main(tiny_args(start, use_sft=True, max_steps=2, optimizer="adamw_torch", lr=1e-2,
+                                warmup_ratio=0)) == 0
+    helper = tmp_path / "ddp_methods.py"
+    helper.write_text(DDP_METHODS_HELPER.format(here=HERE))
+    out = tmp_path / "run"
+    r = _torchrun(helper, tiny_args(out, use_grpo=True, beta=0.04, init_from=start / "final", max_steps=2,
+                                    generation_size=2, max_completion_length=4, optimizer="adamw_torch", lr=1e-2,
+                                    warmup_ratio=0), 29544, KEYS_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "trainable weights bit-identical on all 2 ranks" in r.stdout
+    assert _rows(str(out))[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_two_ranks_finish_an_uneven_epoch_and_resume_across_ranks(tmp_path, tiny_args):
     """5 prompts on 2 ranks at batch 1: 2 steps an epoch, one prompt left out of each (logged);
     stopped after step 1 (SIGTERM on both ranks), then --resume: the epoch ends and final/ is written."""

@@ -80,6 +80,21 @@ def test_one_step_changes_lora_weights(tmp_path, tiny_args, monkeypatch, method)
         assert {"gtpo/conflict_frac", "gtpo/filtered_frac", "gtpo/filtered_entropy"} <= rows[0].keys()
 
 
+def test_grpo_reference_after_init_from_is_the_starting_adapter(tmp_path, tiny_args, monkeypatch):
+    """pi_ref is the run's starting model: after --init_from with LoRA, the KL to it is 0 at step 1
+    (the base model, adapters off, would not be), and what the run saves is its own adapter alone."""
+    start, _ = _run(tmp_path / "sft", tiny_args, monkeypatch, "--use_sft", "--max_steps", "4")
+    out, w = _run(tmp_path / "grpo", tiny_args, monkeypatch, "--use_grpo", "--beta", "0.04", "--init_from",
+                  os.path.join(start, "final"))
+    from safetensors.torch import load_file
+    first = load_file(os.path.join(start, "final", "adapter_model.safetensors"))
+    assert _rows(out)[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert w.keys() == first.keys() and any(not torch.equal(w[k], first[k]) for k in w)      # trained, not ref
+    assert not os.path.exists(os.path.join(out, "final", step.REFERENCE_ADAPTER))
+    base, _ = _run(tmp_path / "base", tiny_args, monkeypatch, "--use_grpo", "--beta", "0.04")
+    assert _rows(base)[0]["kl"] == pytest.approx(0.0, abs=1e-6)                 # no --init_from: the base
+
+
 def _rows(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]

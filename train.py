@@ -233,11 +233,17 @@ def write_config(cfg, total_steps, world, changes=None, step=0):
 
 
 def reference_model(cfg, model):
-    """GRPO's frozen pi_ref for the KL term when there are no LoRA adapters to switch off; else None
-    (the reference is the same model with its adapters off, step.reference_logprobs)."""
-    if cfg.method == "grpo" and cfg.beta > 0 and cfg.lora_rank == 0:
+    """GRPO's pi_ref for the KL term (Eq. 1) is the run's starting model. Without LoRA: a frozen copy.
+    With LoRA: None -- step.reference_logprobs then reads the same model with its adapters off, or,
+    after --init_from, with the starting adapter, loaded beside the trained one as a frozen "reference"."""
+    if cfg.method != "grpo" or cfg.beta <= 0:
+        return None
+    if cfg.lora_rank == 0:
         import copy
         return copy.deepcopy(model).eval().requires_grad_(False)
+    if cfg.init_from:
+        model.load_adapter(cfg.init_from, adapter_name=step.REFERENCE_ADAPTER, is_trainable=False)
+        model.set_adapter("default")                    # loading may switch the active adapter
     return None
 
 
