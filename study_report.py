@@ -336,7 +336,8 @@ def cost_hours(collapse=False):
     """Worker-hours spent on the runs and evaluations of the main and long parts, or with
     collapse=True of the collapse part (every attempt, worked())."""
     part = {run_id for run_id, *_ in collapse_jobs()}
-    return sum(worked(t) for run_id, *_ in jobs() if (run_id in part) == collapse for d in [load(run_id)] if d
+    ids = dict.fromkeys(run_id for run_id, *_ in jobs())             # a run id repeats for its later evaluations
+    return sum(worked(t) for run_id in ids if (run_id in part) == collapse for d in [load(run_id)] if d
                for ts in d.get("times.json", {}).values() for t in ts) / 3600
 
 

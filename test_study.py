@@ -291,3 +291,17 @@ def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_pat
                                          str(keep / "collapse-grpo-s22" / "eval-rung.json"))
     assert json.loads((keep / "collapse-gtpo-s21" / "precollapse.json").read_text()) == {"collapse_step": 14,
                                                                                          "checkpoint": None}
+
+
+def test_a_collapse_test_run_costs_its_time_once_though_listed_twice(tmp_path, monkeypatch):
+    """The drift jobs repeat the test's run ids at the table's end; each attempt counts once."""
+    committed_in(tmp_path, monkeypatch)
+    broke = [{"step": k, "phase": "rl", "rewards/format": 9.5 if k <= 60 else 4.0, "entropy": 0.3 if k <= 60 else 1.4}
+             for k in range(1, 101)]
+    _write_rl(tmp_path, "pilot-r1-grpo-s11", broke)                   # r1 collapses: the test joins the table
+    _write_rl(tmp_path, "collapse-grpo-s21", broke)
+    (tmp_path / "collapse-grpo-s21" / "times.json").write_text(json.dumps({
+        "train": [{"seconds": 3000.0, "finished": True, "workers": 2}],
+        "eval-kl": [{"seconds": 600.0, "finished": True, "workers": 2}]}))
+    assert [j[0] for j in study.jobs()].count("collapse-grpo-s21") == 2
+    assert study_report.cost_hours(collapse=True) == pytest.approx(1.0)
