@@ -571,26 +571,46 @@ V1_LABELS = {"gtpo": "GTPO", "grpo": "GRPO β=0", "gtpo-masks-only": "conflict m
              "grpo-entropy": "GRPO + δ_i + γ"}
 
 
-def plot_runs(lines, title, path):
+RUN_PANELS = [("entropy", 1.0, "mean token entropy (nats), trailing 10 steps"),
+              ("rewards/format", 10.0, "formatting (% of 10 points), trailing 10 steps"),
+              ("rewards/accuracy", 10.0, "accuracy (% of 10 points), trailing 10 steps")]
+
+
+def plot_runs(rows, title, path):
     """Entropy, formatting and accuracy (trailing COLLAPSE_WINDOW-step means) per RL step of single runs,
-    and their KL to the start at each checkpoint where the `kl` evaluation is there; lines: (run id,
-    label, color, line style); the collapse step of a run that collapsed is marked."""
+    and their KL to the start at each checkpoint where the `kl` evaluation is there; one row of panels
+    per list of lines in rows, each line (run id, label, color, line style); a collapse step is marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    found = [(load(run_id), label, color, ls) for run_id, label, color, ls in lines]
-    found = [x for x in found if x[0] is not None and len(x[0]["rl"]) >= COLLAPSE_WINDOW]
+    found = [[(d, *rest) for run_id, *rest in lines for d in [load(run_id)]
+              if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW] for lines in rows]
+    found = [row for row in found if row]
     if not found:
         return False
-    panels = [("entropy", 1.0, "mean token entropy (nats), trailing 10 steps"),
-              ("rewards/format", 10.0, "formatting (% of 10 points), trailing 10 steps"),
-              ("rewards/accuracy", 10.0, "accuracy (% of 10 points), trailing 10 steps")]
-    kl = any(d["evals"].get("kl") for d, *_ in found)
-    fig, axes = plt.subplots(1, len(panels) + kl, figsize=(5.2 * (len(panels) + kl), 4))
-    for d, label, color, ls in found:
+    kl = any(d["evals"].get("kl") for row in found for d, *_ in row)
+    cols = len(RUN_PANELS) + kl
+    fig, axes = plt.subplots(len(found), cols, figsize=(5.2 * cols, 3.6 * len(found) + 0.4), squeeze=False)
+    for row, ax_row in zip(found, axes):
+        plot_run_row(row, ax_row, kl)
+    for ax, (_, _, name) in zip(axes[0], RUN_PANELS):
+        ax.set_title(name, fontsize=9)
+    if kl:
+        axes[0][-1].set_title("KL(π || start), k3, at each checkpoint", fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel("RL step", fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_run_row(row, axes, kl):
+    for d, label, color, ls in row:
         steps = [r["step"] for r in d["rl"]]
         step = collapse_step(d["rl"], d.get("diverged.json"))
-        for ax, (key, scale, _) in zip(axes, panels):
+        for ax, (key, scale, _) in zip(axes, RUN_PANELS):
             ax.plot(steps, trailing([scale * r[key] for r in d["rl"]], COLLAPSE_WINDOW), color=color, ls=ls, lw=1.4,
                     label=label + (f", collapses at {step}" if step else ""))
             if step:
@@ -600,30 +620,21 @@ def plot_runs(lines, title, path):
             axes[-1].plot([p["step"] for p in points], [p["kl"] for p in points], color=color, ls=ls, lw=1.4,
                           marker="o", ms=3)
     axes[0].axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (the rule's entropy bar)")
-    for ax, (_, _, name) in zip(axes, panels):
-        ax.set_title(name, fontsize=9)
-    if kl:
-        axes[-1].set_title("KL(π || start), k3, at each checkpoint", fontsize=9)
     for ax in axes:
-        ax.set_xlabel("RL step", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
-def ladder_plot_lines():
+def ladder_plot_rows():
     colors = dict(zip([name for name, _, _ in LADDER], ("tab:gray", "tab:olive", "tab:purple", "tab:red", "black")))
-    return [(f"pilot-{name}-{m}-s{PILOT_SEED}", f"{name} ({task}, lr {lr}) {METHODS[m]}", colors[name],
-             "-" if m == "grpo" else "--") for name, task, lr in LADDER for m in ("grpo", "gtpo")]
+    return [[(f"pilot-{name}-{m}-s{PILOT_SEED}", f"{name} ({task}, lr {lr}) {METHODS[m]}", colors[name],
+              "-" if m == "grpo" else "--") for name, task, lr in LADDER for m in ("grpo", "gtpo")]]
 
 
-def test_plot_lines():
-    return [(f"collapse-{m}-s{s}", f"{METHODS[m]}, seed {s}", STYLE[f"{m}-long"][0], "-" if m == "grpo" else "--")
-            for s in TEST_SEEDS for m in ("grpo", "gtpo")]
+def test_plot_rows():
+    """One row per seed: its GRPO and GTPO runs."""
+    return [[(f"collapse-{m}-s{s}", f"{METHODS[m]}, seed {s}", STYLE[f"{m}-long"][0], "-" if m == "grpo" else "--")
+             for m in ("grpo", "gtpo")] for s in TEST_SEEDS]
 
 
 def report():
@@ -633,9 +644,10 @@ def report():
              ("curves-long.png", lambda p: plot_curves(["gtpo-long", "grpo-long"], "200 steps from <H>_ini < ln 2",
                                                        p, 10, kl=True)),
              ("passk.png", plot_passk),
-             ("collapse-ladder.png", lambda p: plot_runs(ladder_plot_lines(), "The collapse pilot (seed "
+             ("collapse-ladder.png", lambda p: plot_runs(ladder_plot_rows(), "The collapse pilot (seed "
                                                          f"{PILOT_SEED}): GRPO solid, GTPO dashed", p)),
-             ("collapse-test.png", lambda p: plot_runs(test_plot_lines(), "The collapse test at the chosen rung", p)),
+             ("collapse-test.png", lambda p: plot_runs(test_plot_rows(), "The collapse test at the chosen rung, "
+                                                      "a row per seed", p)),
              ("v1/curves-ablation.png", lambda p: plot_curves(list(V1_LABELS), "First design's ablations", p, 5,
                                                               V1, V1_LABELS))]
     for name, plot in plots:

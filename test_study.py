@@ -260,10 +260,10 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
     assert rule == ("holds: GRPO collapses in 4 of 5 seeds, GTPO in 0 of 5; Fisher's exact test, one-sided, "
                     "p = 0.024")
     assert lines[-1].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in secondary
-    assert study_report.plot_runs(study_report.ladder_plot_lines(), "ladder", str(tmp_path / "ladder.png"))
+    assert study_report.plot_runs(study_report.ladder_plot_rows(), "ladder", str(tmp_path / "ladder.png"))
     (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
                                                                                         {"step": 100, "kl": 0.3}]}))
-    assert study_report.plot_runs(study_report.test_plot_lines(), "test", str(tmp_path / "test.png"))   # + a KL panel
+    assert study_report.plot_runs(study_report.test_plot_rows(), "test", str(tmp_path / "test.png"))   # + a KL panel
 
 
 def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_path, monkeypatch):
