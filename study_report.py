@@ -412,6 +412,17 @@ def filtered_entropy(rl_rows):
     return sum(r["gtpo/filtered_frac"] * r["gtpo/filtered_entropy"] for r in rows) / weight
 
 
+def test_curve_lines():
+    """The test's runs one by one, described as the pilot's are (curve_cells): how each run ends,
+    beside the rule's collapse step."""
+    lines = ["| seed | method | entropy (trailing 10): first → max → last | format % (trailing 10): first → min → "
+             "last | accuracy % (last 10) | collapse step |", "|---|---|---|---|---|---|"]
+    for s in TEST_SEEDS:
+        lines += [f"| {s} | {METHODS[m]} | " + curve_cells(d) for m in ("grpo", "gtpo")
+                  for d in [load(f"collapse-{m}-s{s}")] if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW]
+    return lines
+
+
 def collapse_test_lines():
     """The test: per seed, each method's collapse step and ID pass@1 (final; last checkpoint before the
     collapse); the verdict (Fisher's exact test) once every run has finished; the secondary pass@1
@@ -459,6 +470,8 @@ def write_summary():
         f"## Q4: collapse over 200 steps — {q4_rule}", ""] + q4 + [
         "", f"## Collapse part, pilot ladder — {ladder_rule}", ""] + ladder + [
         "", f"## Collapse part, the test — {test_rule}", ""] + test + ([""] + [secondary] if secondary else []) + [
+        "", "Each test run's curves (described; the rule above decides what counts as a collapse):", ""] + \
+        test_curve_lines() + [
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "

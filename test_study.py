@@ -260,6 +260,10 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
     assert rule == ("holds: GRPO collapses in 4 of 5 seeds, GTPO in 0 of 5; Fisher's exact test, one-sided, "
                     "p = 0.024")
     assert lines[-1].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in secondary
+    curves = study_report.test_curve_lines()
+    # steps 61-100 broken: the last 10 are all broken (entropy 1.4, format 4.0 of 10 points)
+    assert len(curves) == 2 + 10 and curves[2] == ("| 21 | GRPO β=0 | 0.30 → 1.40 → 1.40 | 95 → 40 → 40 | "
+                                                   "10.0 | 64 |")
     assert study_report.plot_runs(study_report.ladder_plot_rows(), "ladder", str(tmp_path / "ladder.png"))
     (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
                                                                                         {"step": 100, "kl": 0.3}]}))
