@@ -238,6 +238,7 @@ def filtered_stats(advantages, shaped, entropy):
     n = int(dropped.sum())
     return dropped.float().mean().item(), (entropy.float() * dropped).sum().item() / max(n, 1)
 
+
 # -----------------------------------------------------------------------------
 # 4. losses
 

@@ -258,6 +258,7 @@ def best_checkpoint(rows, steps):
 def evaluate(run_id, out, evals, shard, threads):
     """eval.py on each of the run's sets (resuming what is there), or `kl`, its drift from the start;
     results to study/<run>/eval-<set>.json."""
+    config = runs.read_json(os.path.join(out, "config.json"))
     for name in evals:
         keep = os.path.join(KEEP, run_id, f"eval-{name}.json")
         if os.path.isfile(keep):
@@ -270,7 +271,7 @@ def evaluate(run_id, out, evals, shard, threads):
                 continue
         if name.endswith("-best"):
             rows = [r for _, r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
-            saved = list(runs.saved_checkpoints(out, runs.read_json(os.path.join(out, "config.json"))))
+            saved = list(runs.saved_checkpoints(out, config))
             step, mean = best_checkpoint(rows, saved)
             runs.write_json(os.path.join(KEEP, run_id, "best.json"), {"step": step, "mean_reward": mean,
                                                                       "window": BEST_WINDOW})
@@ -279,7 +280,7 @@ def evaluate(run_id, out, evals, shard, threads):
                 continue
             adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
-        ds = runs.read_json(os.path.join(out, "config.json"))["dataset"]          # the run's own task
+        ds = config["dataset"]                                                      # the run's own task
         if name == "kl":
             argv = [sys.executable, "eval.py", "--drift", out, "--dataset", ds, "--one_shot_from", ds, "--limit",
                     str(KL_PROBE[0]), "--n_samples", str(KL_PROBE[1]), "--seed", "0", "--output_dir", dest]
