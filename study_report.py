@@ -240,8 +240,7 @@ def collapse_lines():
             lines[-1] += (f" {statistics.fmean(fmt[:w]):.1f} → {statistics.fmean(fmt[-w:]):.1f} | "
                           f"{statistics.fmean(ent[:w]):.3f} → {statistics.fmean(ent[-w:]):.3f} | "
                           f"{found[(name, s)] or 'none'} |")
-            kl = d["evals"].get("kl")
-            lines[-1] += f" {kl['points'][-1]['kl']:.3f} (step {kl['points'][-1]['step']}) |" if kl else " – |"
+            lines[-1] += f" {kl_cell(d)} |"
     if len(found) < 4:
         return lines, "not finished"
     g = [found[("gtpo-long", s)] for s in (1, 2)]
@@ -337,8 +336,9 @@ def cost_hours(collapse=False):
     collapse=True of the collapse part (every attempt, worked())."""
     part = {run_id for run_id, *_ in collapse_jobs()}
     ids = dict.fromkeys(run_id for run_id, *_ in jobs())             # a run id repeats for its later evaluations
-    return sum(worked(t) for run_id in ids if (run_id in part) == collapse for d in [load(run_id)] if d
-               for ts in d.get("times.json", {}).values() for t in ts) / 3600
+    paths = [os.path.join(KEEP, run_id, "times.json") for run_id in ids if (run_id in part) == collapse]
+    # times.json, not load(): a run stopped before it finished has attempts too
+    return sum(worked(t) for p in paths if os.path.isfile(p) for ts in runs.read_json(p).values() for t in ts) / 3600
 
 
 # -----------------------------------------------------------------------------
@@ -373,6 +373,12 @@ def curve_cells(d):
     step = collapse_step(rows, d.get("diverged.json"))
     return (f"{ent[w - 1]:.2f} → {max(ent):.2f} → {ent[-1]:.2f} | {fmt[w - 1]:.0f} → {min(fmt):.0f} → {fmt[-1]:.0f} | "
             f"{acc:.1f} | {step or 'none'} |")
+
+
+def kl_cell(d):
+    """The run's KL to its start at its last evaluated checkpoint (the `kl` evaluation), or – ."""
+    kl = d["evals"].get("kl")
+    return f"{kl['points'][-1]['kl']:.3f} (step {kl['points'][-1]['step']})" if kl else "–"
 
 
 def h_ini_of(d):
@@ -414,11 +420,12 @@ def filtered_entropy(rl_rows):
 
 def test_curve_lines():
     """The test's runs one by one, described as the pilot's are (curve_cells): how each run ends,
-    beside the rule's collapse step."""
+    beside the rule's collapse step and its drift from the start (kl_cell)."""
     lines = ["| seed | method | entropy (trailing 10): first → max → last | format % (trailing 10): first → min → "
-             "last | accuracy % (last 10) | collapse step |", "|---|---|---|---|---|---|"]
+             "last | accuracy % (last 10) | collapse step | KL to the start at its last checkpoint |",
+             "|---|---|---|---|---|---|---|"]
     for s in TEST_SEEDS:
-        lines += [f"| {s} | {METHODS[m]} | " + curve_cells(d) for m in ("grpo", "gtpo")
+        lines += [f"| {s} | {METHODS[m]} | " + curve_cells(d) + f" {kl_cell(d)} |" for m in ("grpo", "gtpo")
                   for d in [load(f"collapse-{m}-s{s}")] if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW]
     return lines
 
@@ -475,7 +482,7 @@ def write_summary():
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "
-        f"collapse part so far {cost_hours(collapse=True):.2f}"]
+        f"collapse part {cost_hours(collapse=True):.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule,
                                                          "ladder": ladder_rule, "collapse_test": test_rule})
@@ -603,7 +610,8 @@ def plot_runs(rows, title, path):
         return False
     kl = any(d["evals"].get("kl") for row in found for d, *_ in row)
     cols = len(RUN_PANELS) + kl
-    fig, axes = plt.subplots(len(found), cols, figsize=(5.2 * cols, 3.6 * len(found) + 0.4), squeeze=False)
+    fig, axes = plt.subplots(len(found), cols, figsize=(5.2 * cols, 3.6 * len(found) + 0.4), squeeze=False,
+                             layout="constrained")                  # it leaves room for the suptitle
     for row, ax_row in zip(found, axes):
         plot_run_row(row, ax_row, kl)
     for ax, (_, _, name) in zip(axes[0], RUN_PANELS):
@@ -613,7 +621,6 @@ def plot_runs(rows, title, path):
     for ax in axes[-1]:
         ax.set_xlabel("RL step", fontsize=9)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -635,7 +642,8 @@ def plot_run_row(row, axes, kl):
     axes[0].axhline(math.log(2), color="k", ls=":", lw=1, label="ln 2 (the rule's entropy bar)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    # the accuracy panel falls to 0 early and leaves its upper right free; the entropy panel has no free corner
+    axes[len(RUN_PANELS) - 1].legend(*axes[0].get_legend_handles_labels(), fontsize=7, loc="upper right")
 
 
 def ladder_plot_rows():

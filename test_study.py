@@ -126,13 +126,16 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
     q3 = rows[("Q3", "ID pass@1")]
     assert q3["units"] == 3 and q3["verdict"] == "holds for these runs"   # p = 0.25 at 3 units; CI > 0
     assert rows[("Q4", "ID pass@1, final")]["units"] == 0
+    (tmp_path / "pilot-r1-gtpo-s11").mkdir()                  # stopped before it finished: its attempt still counts
+    (tmp_path / "pilot-r1-gtpo-s11" / "times.json").write_text(json.dumps(
+        {"train": [{"seconds": 900.0, "finished": False, "workers": 2, "paused_seconds": 360.0}]}))
     study_report.report()
     text = (tmp_path / "summary.md").read_text()
     assert "| Q1 | GTPO above GRPO β=0 (Fig. 2) | gtpo-a6 − grpo-a6 (both Adam settings) | ID pass@1 | 6 |" in text
     assert "Q5: conflict tokens are mostly format tokens (Sec. 4.1) — holds" in text
     assert "| GTPO, Adam β 0.999999 | 3 | 0.60 0.60 0.60 | 0.40 0.40 0.40 |" in text
-    assert "Worker-hours (every attempt, both workers summed): main and long parts 3.17; collapse part so far 0.00" \
-        in text                                                                  # 19 runs x 600 s
+    assert "Worker-hours (every attempt, both workers summed): main and long parts 3.17; collapse part 0.15" \
+        in text                                                  # 19 runs x 600 s; 900 s less 360 s paused
     for f in ("summary.json", "curves-main.png", "passk.png"):
         assert os.path.getsize(tmp_path / f) > 0
     assert not (tmp_path / "curves-long.png").exists()                   # its runs have not finished
@@ -263,10 +266,11 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
     curves = study_report.test_curve_lines()
     # steps 61-100 broken: the last 10 are all broken (entropy 1.4, format 4.0 of 10 points)
     assert len(curves) == 2 + 10 and curves[2] == ("| 21 | GRPO β=0 | 0.30 → 1.40 → 1.40 | 95 → 40 → 40 | "
-                                                   "10.0 | 64 |")
+                                                   "10.0 | 64 | – |")
     assert study_report.plot_runs(study_report.ladder_plot_rows(), "ladder", str(tmp_path / "ladder.png"))
     (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
                                                                                         {"step": 100, "kl": 0.3}]}))
+    assert study_report.test_curve_lines()[-1].endswith("| none | 0.300 (step 100) |")
     assert study_report.plot_runs(study_report.test_plot_rows(), "test", str(tmp_path / "test.png"))   # + a KL panel
 
 
