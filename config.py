@@ -29,6 +29,15 @@ PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=5
                                  sft_warmup_steps=4, max_steps=36, micro_batch_size=4, sft_micro_batch_size=2)}
 
 
+# --released_code: the authors' code where it differs from the equations (README "equations vs released code")
+RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combine": "product",
+                 "entropy_filter": "all", "ent_threshold": 0.7, "entropy_term": "released"}
+
+
+# what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
+UNRECORDED = {"entropy_term": "released", "released_code": False}
+
+
 def flag(default, help, group="recipe", **kw):
     """A Config field with its command-line help; group None keeps it off the command line."""
     return dataclasses.field(default=default, metadata={"help": help, "group": group, **kw})
@@ -81,6 +90,13 @@ class Config:
                                group="objective", choices=["auto", "all", "neg", "off"])
     ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective")
     ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective")
+    entropy_term: str = flag("eq7", "eq7 = -gamma <H>_i a term of its own for every completion, with its gradient, "
+                             "delta_i filters the advantage only (Eq. 7); released = folded into the advantage "
+                             "(A_i - gamma <H>_i), detached, and zeroed by delta_i with it (released code)",
+                             group="objective", choices=["eq7", "released"])
+    released_code: bool = flag(False, "every released-code behaviour at once: " + ", ".join(
+        f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in RELEASED_CODE.items())
+        + " (flags given beside it win)", group="objective")
     ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini", group="objective")
     scale_rewards: bool = flag(True, "divide advantages by the group std (Eq. 8); --no-scale_rewards = released code",
                                group="objective")
@@ -188,10 +204,12 @@ def build_parser(description=None):
 
 
 def parse_args(argv=None, description=None):
-    """Command line -> a checked Config: flags given > the model's profile > the paper's defaults."""
+    """Command line -> a checked Config: flags given > --released_code's settings > the model's profile >
+    the paper's defaults."""
     given = vars(build_parser(description).parse_args(argv))
     profile = PROFILES.get(given.get("model", Config.model), {})
-    return finish(Config(**{**profile, **given}))
+    released = RELEASED_CODE if given.get("released_code") else {}
+    return finish(Config(**{**profile, **released, **given}))
 
 
 def finish(cfg):

@@ -8,8 +8,9 @@ tensors, so each one can be read next to its equation and tested on its own.
                                        (conflict_spans_loop: the same, one token at a time)
     conflict_weights   Sec. 5.1, Eq. 5 lambda_{i,t} in {0, 1, 2} from fwd/bwd conflict spans
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
-    entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), as the released code does it
-    gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i (1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t}
+    entropy_filter     Eq. 6           delta_i * A_i: the advantage of a completion above the threshold -> 0
+    entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), detached: the released code's form
+    gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i]
     kl_k3              Eq. 1           exp(ref - logp) - (ref - logp) - 1, per token
     grpo_loss          Eq. 1           PPO-clipped surrogate - beta * KL (k3), the baseline
 
@@ -19,7 +20,8 @@ import torch
 
 __all__ = [
     "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "conflict_weights",
-    "batch_conflict_weights", "token_entropy", "entropy_gate", "gtpo_loss", "kl_k3", "grpo_loss",
+    "batch_conflict_weights", "token_entropy", "entropy_filter", "entropy_gate", "filtered_stats", "gtpo_loss", "kl_k3",
+    "grpo_loss",
 ]
 
 
@@ -203,37 +205,52 @@ def token_entropy(logits):
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
 
 
-def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
-    """Shaped advantage delta_i * (A_i - gamma <H>_i) of Eq. 6-7, as the released code
-    realises it (App. 16, Listing 3 step 2): the entropy penalty is folded into the
-    advantage and a filtered completion's advantage is set to 0.
-
-    advantages (N,), entropy (N,) = per-completion mean token entropy <H>_i.
-    mode "all": completions with <H>_i > threshold get 0, the rest A - gamma H (Eq. 6
-                with <H>_ini < ln 2);
-         "neg": only A < 0 completions are filtered (GTPO-OnlyNeg, App. 13);
-         "off": A - gamma H for all (Eq. 6 with <H>_ini > ln 2, i.e. delta_i = 1).
-    The entropy is detached: gamma acts through the advantage, not through dH/dtheta.
-    Note: conflict weights are built from the raw advantages; a small positive A_i can
-    turn negative here and still carry lambda = 2 on its conflict tokens, exactly as in
-    the released code.
-    """
-    entropy = entropy.detach().to(advantages.dtype)
-    shaped = advantages - gamma * entropy
+def _filtered(advantages, entropy, threshold, mode):
+    """(N,) bool: the completions Eq. 6's delta_i sets to 0 under `mode` (see entropy_filter)."""
     if mode == "off":
-        return shaped
+        return torch.zeros_like(advantages, dtype=torch.bool)
     if mode not in ("all", "neg"):
         raise ValueError(f"entropy gate mode must be 'all', 'neg' or 'off', got {mode!r}")
     drop = entropy > threshold
-    if mode == "neg":
-        drop &= advantages < 0
-    return torch.where(drop, torch.zeros_like(shaped), shaped)
+    return drop & (advantages < 0) if mode == "neg" else drop
+
+
+def entropy_filter(advantages, entropy, threshold, mode="all"):
+    """delta_i * A_i of Eq. 6-7 as written: the advantage term of a completion whose <H>_i is above
+    the threshold is dropped; Eq. 7's -gamma <H>_i stays outside delta_i (gtpo_loss's `entropy`).
+
+    advantages (N,), entropy (N,) = <H>_i (read as a constant here) -> (N,).
+    mode "all": completions with <H>_i > threshold get 0 (Eq. 6 with <H>_ini < ln 2);
+         "neg": only A < 0 completions are filtered (GTPO-OnlyNeg, App. 13);
+         "off": delta_i = 1 for all (Eq. 6 with <H>_ini > ln 2).
+    <H>_i == threshold is kept (delta_i = 1 iff <H>_i <= threshold).
+    """
+    drop = _filtered(advantages, entropy.detach(), threshold, mode)
+    return torch.where(drop, torch.zeros_like(advantages), advantages)
+
+
+def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
+    """Shaped advantage delta_i * (A_i - gamma <H>_i): Eq. 6-7 as the released code realises them
+    (App. 16, Listing 3 step 2; `--entropy_term released`). The entropy penalty is folded into the
+    advantage, the entropy is detached (gamma acts through d log pi, not through dH/dtheta), and a
+    filtered completion loses the penalty with its advantage, so a step whose completions are all
+    filtered has no gradient at all. Eq. 7 as written is entropy_filter + gtpo_loss(entropy=...).
+
+    advantages (N,), entropy (N,) = <H>_i; modes as entropy_filter.
+    Note: conflict weights are built from the raw advantages; a small positive A_i can turn
+    negative here and still carry lambda = 2 on its conflict tokens, exactly as in the released code.
+    """
+    entropy = entropy.detach().to(advantages.dtype)
+    shaped = advantages - gamma * entropy
+    drop = _filtered(advantages, entropy, threshold, mode)
+    return shaped if mode == "off" else torch.where(drop, torch.zeros_like(shaped), shaped)
 
 
 def filtered_stats(advantages, shaped, entropy):
     """What delta_i removed (Eq. 6): (the fraction of the N completions whose nonzero advantage the
     gate zeroed, their mean <H>_i in nats -- 0.0 when none was). advantages: (N,) before the gate;
-    shaped: (N,) entropy_gate's output; entropy: (N,) <H>_i."""
+    shaped: (N,) entropy_filter's or entropy_gate's output; entropy: (N,) <H>_i. A completion whose
+    advantage was already 0 (an all-equal group) is not counted: delta_i had nothing to remove."""
     dropped = (shaped == 0) & (advantages != 0)                                      # (N,)
     n = int(dropped.sum())
     return dropped.float().mean().item(), (entropy.float() * dropped).sum().item() / max(n, 1)
@@ -242,14 +259,17 @@ def filtered_stats(advantages, shaped, entropy):
 # -----------------------------------------------------------------------------
 # 4. losses
 
-def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None):
+def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None, entropy=None, gamma=0.0):
     """GTPO loss (Eq. 7 / Eq. 20), one-iteration case (Sec. 3): the gradient is Eq. 22.
 
     logprobs (N, L) log pi(o_{i,t}) of the sampled tokens, with grad; mask (N, L);
-    advantages (N,) already gated (entropy_gate); weights (N, L) = lambda_{i,t}.
-        loss = -(1/N) sum_i (1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t},
+    advantages (N,) after Eq. 6's filter (entropy_filter, or entropy_gate for the released form);
+    weights (N, L) = lambda_{i,t}; entropy (N,) = <H>_i with its gradient, or None.
+        loss = -(1/N) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i],
         ratio = exp(logp - logp.detach())  (value 1, carries the gradient).
-    n_conflict (N,): divide each completion's term by max(n_conflict_i, 1) -- the
+    The entropy term is every completion's, filtered or not: delta_i multiplies the advantage term
+    only (Eq. 7). entropy=None leaves it out (the released form, where gamma is in the advantage).
+    n_conflict (N,): divide each completion's advantage term by max(n_conflict_i, 1) -- the
     released code's normalisation (Listing 3, step 5), not in the equations.
     Returns (loss, metrics).
     """
@@ -259,8 +279,11 @@ def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None):
     per_seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)   # (N,)
     if n_conflict is not None:
         per_seq = per_seq / n_conflict.clamp(min=1).to(per_seq.dtype)
+    metrics = {"gtpo/mean_weight": masked_mean(weights.detach(), mask)}
+    if entropy is not None:
+        per_seq = per_seq + gamma * entropy.to(per_seq.dtype)       # (N,) the -gamma <H>_i of Eq. 7
     loss = per_seq.mean()
-    metrics = {"loss": loss.detach(), "gtpo/mean_weight": masked_mean(weights.detach(), mask)}
+    metrics["loss"] = loss.detach()
     return loss, metrics
 
 

@@ -23,8 +23,9 @@ def _rows_logsumexp(z, rows=32):
 
 
 def _fp32(t):
-    """t in fp32 (itself when it already is: the CPU path allocates nothing)."""
-    return None if t is None else t.float()
+    """t in fp32 or wider (itself when it already is: the CPU path allocates nothing; float64 stays
+    float64, so the function can be gradchecked)."""
+    return t if t is None or t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 class ChunkedLogprobs(torch.autograd.Function):
@@ -34,23 +35,27 @@ class ChunkedLogprobs(torch.autograd.Function):
     and hidden states upcast), so log-probs and entropy have fp32 precision.
 
     forward:  hidden (T, D), weight (V, D), bias (V,) or None, targets (T,) long, logprob_chunk,
-              with_entropy, temperature -> logp (T,) float32, entropy (T,) float32 (no gradient;
-              Eq. 7's gamma acts through the advantage) -- both of softmax(logits / temperature),
-              the distribution the completions were sampled from, from each chunk's fp32 logits.
-    backward: recomputes each chunk's logits and forms d logp / d z = onehot(target) - softmax(z)
-              in place, so the peak extra memory is about one (logprob_chunk, V) fp32 block.
+              with_entropy, temperature, entropy_grad -> logp (T,) float32, entropy (T,) float32,
+              both of softmax(logits / temperature), the distribution the completions were sampled
+              from, from each chunk's fp32 logits. The entropy carries a gradient only with
+              entropy_grad (Eq. 7's -gamma <H>_i term); otherwise it is a constant.
+    backward: recomputes each chunk's logits z and forms, in place,
+                  d logp_t / dz = onehot(target) - p,    d H_t / dz = -p * (log p + H_t)
+              (both divided by the temperature), so the peak extra memory is about one
+              (logprob_chunk, V) fp32 block.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy, temperature=1.0):
+    def forward(ctx, hidden, weight, bias, targets, logprob_chunk, with_entropy, temperature=1.0, entropy_grad=False):
         T = hidden.shape[0]
-        logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
-        ent = torch.zeros(T, dtype=torch.float32, device=hidden.device)
+        acc = torch.promote_types(hidden.dtype, torch.float32)                        # fp32 (fp64 in tests)
+        logp = torch.empty(T, dtype=acc, device=hidden.device)
+        ent = torch.zeros(T, dtype=acc, device=hidden.device)
         c = logprob_chunk
         w, b = _fp32(weight), _fp32(bias)                                            # (V, D), (V,)
         for s in range(0, T, c):
             with torch.autocast(hidden.device.type, enabled=False):
-                z = F.linear(hidden[s:s + c].float(), w, b)                          # (c, V) fp32
+                z = F.linear(_fp32(hidden[s:s + c]), w, b)                           # (c, V) fp32
             if temperature != 1.0:
                 z.div_(temperature)
             lse = _rows_logsumexp(z)                                                 # (c,)
@@ -61,28 +66,42 @@ class ChunkedLogprobs(torch.autograd.Function):
                     zr = z[r:r + 32]
                     ent[s + r:s + r + zr.shape[0]] = -zr.exp().mul_(zr).sum(dim=-1)
             del z
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.logprob_chunk, ctx.temperature = c, temperature
-        ctx.mark_non_differentiable(ent)
+        if entropy_grad and not with_entropy:
+            raise ValueError("entropy_grad needs with_entropy")
+        ctx.save_for_backward(hidden, weight, bias, targets, ent if entropy_grad else None)
+        ctx.logprob_chunk, ctx.temperature, ctx.entropy_grad = c, temperature, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, bias, targets = ctx.saved_tensors
+        hidden, weight, bias, targets, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
         c = ctx.logprob_chunk
         w, b = _fp32(weight), _fp32(bias)
         for s in range(0, hidden.shape[0], c):
-            h, t, g = hidden[s:s + c].float(), targets[s:s + c], g_logp[s:s + c].float()
+            h, t, g = _fp32(hidden[s:s + c]), targets[s:s + c], g_logp[s:s + c].to(acc)
             with torch.autocast(hidden.device.type, enabled=False):
                 z = F.linear(h, w, b)                                                # (c, V) fp32
             if ctx.temperature != 1.0:
                 z.div_(ctx.temperature)
                 g = g / ctx.temperature                                              # d(z / T) / dz
-            z.sub_(_rows_logsumexp(z)[:, None]).exp_().mul_(-g[:, None])             # -g * softmax
+            z.sub_(_rows_logsumexp(z)[:, None])                                      # log p
+            if ctx.entropy_grad:                                                     # g * dlogp + g_H * dH
+                g_h = g_ent[s:s + c].to(acc) / ctx.temperature
+                z.clamp_(min=torch.finfo(z.dtype).min)
+                for r in range(0, z.shape[0], 32):                                   # small temporaries
+                    zr = z[r:r + 32]
+                    rows = slice(s + r, s + r + zr.shape[0])
+                    p = zr.exp()
+                    zr.add_(ent[rows, None]).mul_(-g_h[r:r + 32, None]).sub_(g[r:r + 32, None]).mul_(p)
+            else:
+                z.exp_().mul_(-g[:, None])                                           # -g * softmax
             z[torch.arange(len(t), device=z.device), t] += g                         # + g * onehot
             if need_h:
                 grad_h[s:s + c] = (z @ w).to(hidden.dtype)
@@ -92,7 +111,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_b += z.sum(0)
             del z
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
+                grad_b.to(bias.dtype) if need_b else None, None, None, None, None, None)
 
 
 def lm_head_of(model):
@@ -165,7 +184,7 @@ class PolicyPass(torch.nn.Module):
 
 
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, logprob_chunk=256, prompt_index=None, temperature=1.0):
+                      with_entropy=True, logprob_chunk=256, prompt_index=None, temperature=1.0, entropy_grad=False):
     """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}, where pi is
     softmax(logits / temperature): the distribution the completions were sampled from (TRL's
     convention too; the paper's T = 1 makes it the model's own softmax).
@@ -176,7 +195,8 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the full
     (N, L, V) logits (the reference path the tests compare against).
     Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
-    (N, L) float32 without grad, or None.
+    (N, L) float32, or None; the entropy carries a gradient only with entropy_grad (Eq. 7's
+    -gamma <H>_i term).
     """
     runner = model if isinstance(getattr(model, "module", model), PolicyPass) else PolicyPass(model)
     head = lm_head_of(getattr(runner, "module", runner).model) if logprob_chunk > 0 else None
@@ -184,7 +204,7 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
         hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index)  # (N, L, D)
         keep = completion_mask.bool()                                     # (N, L)
         logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
-                                          logprob_chunk, with_entropy, temperature)
+                                          logprob_chunk, with_entropy, temperature, entropy_grad)
         zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
         return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
     logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True)  # (N, L, V)
@@ -192,7 +212,7 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            flat = logits.detach().flatten(0, 1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            flat = (logits if entropy_grad else logits.detach()).flatten(0, 1)
             entropy = torch.cat([token_entropy(c) for c in flat.split(512)]).view(logits.shape[:2])
     return logprobs, entropy

@@ -8,11 +8,14 @@
 What changes against GRPOTrainer, all computed with gtpo.py's functions:
   * after TRL scores a generation batch, every process's completions are gathered so that each
     group is whole (a group may straddle processes), and each completion gets per-token
-    advantages  A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i)  (Eq. 5-7; divided by its
-    conflict count with conflict_norm), <H>_i from a no-grad pass of the current policy (each
-    prompt computed once for its completions);
+    advantages  A_{i,t} = lambda_{i,t} * delta_i * A_i  (Eq. 5-6; divided by its conflict count with
+    conflict_norm), delta_i from <H>_i of a no-grad pass of the current policy (each prompt computed
+    once for its completions);
   * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
-    tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22.
+    tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22;
+  * Eq. 7's +gamma <H>_i (as a loss) is added for every completion of the micro-batch, with its
+    gradient through TRL's own entropies. entropy_term="released" instead folds it into the
+    advantage, A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i), as the released code does.
 Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and gtpo/h_ini with "auto").
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
@@ -50,6 +53,8 @@ class GTPOConfig(GRPOConfig):
                                                           "<H>_ini from the first batch), all, neg, off"})
     ent_threshold: float = field(default=math.log(2), metadata={"help": "threshold on <H>_i (Eq. 6)"})
     ent_gamma: float = field(default=0.1, metadata={"help": "gamma of -gamma <H>_i (Eq. 7)"})
+    entropy_term: str = field(default="eq7", metadata={"help": "eq7 = -gamma <H>_i a term of its own, with its "
+                              "gradient (Eq. 7); released = folded into the advantage, detached"})
 
     def __post_init__(self):
         super().__post_init__()
@@ -82,13 +87,15 @@ class GTPOConfig(GRPOConfig):
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
                              f"('none' = the released code)")
-        if self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", "all", "neg", "off"):
+        if (self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", "all", "neg", "off")
+                or self.entropy_term not in ("eq7", "released")):
             raise ValueError("GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is auto, all, neg "
-                             "or off")
+                             "or off; entropy_term is eq7 or released")
 
 
 def token_advantages(ids, mask, advantages, h, group_size, args, gate):
-    """Per-token advantages of Eq. 5-7 for whole groups, from gtpo.py's functions.
+    """Per-token advantages of Eq. 5-6 (and, with entropy_term "released", Eq. 7's -gamma <H>_i) for
+    whole groups, from gtpo.py's functions.
 
     ids, mask (N, T) right-padded completions, groups of `group_size` consecutive rows; advantages
     (N,) from TRL (Eq. 8); h (N,) = <H>_i; gate: "all", "neg" or "off".
@@ -100,7 +107,10 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
     a = torch.where(flat, torch.zeros_like(a), a).reshape(-1)                       # (N,)
     weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size, pos_weight=args.conflict_weight,
                                                             combine=args.conflict_combine)   # (N, T)
-    shaped = gtpo.entropy_gate(a, h, args.ent_threshold, args.ent_gamma, gate)      # (N,) Eq. 6-7
+    if args.entropy_term == "eq7":
+        shaped = gtpo.entropy_filter(a, h, args.ent_threshold, gate)                # (N,) delta_i A_i, Eq. 6
+    else:
+        shaped = gtpo.entropy_gate(a, h, args.ent_threshold, args.ent_gamma, gate)  # (N,) released code
     per_token = weights * shaped.unsqueeze(1)                                       # (N, T)
     if args.conflict_norm:
         per_token = per_token / n_conf.clamp(min=1).unsqueeze(1).to(per_token.dtype)
@@ -116,9 +126,28 @@ STATE_FILE = "gtpo_state.json"
 
 
 class GTPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages are GTPO's per-token ones (token_advantages); nothing else changes."""
+    """GRPOTrainer whose advantages are GTPO's per-token ones (token_advantages), plus Eq. 7's entropy
+    term in the loss (entropy_term "eq7"); nothing else changes."""
 
     _h_ini = None
+    _entropies = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kw):
+        """TRL's pass; the loss's own entropies (with grad) are kept for Eq. 7's term (_compute_loss)."""
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kw)
+        self._entropies = entropies if torch.is_grad_enabled() else None
+        return logps, entropies, aux
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss + gamma (1/n) sum_i <H>_i over the micro-batch's n completions (Eq. 7, entropy_term
+        "eq7"), scaled for gradient accumulation as TRL scales its "grpo" loss."""
+        loss = super()._compute_loss(model, inputs)
+        if self.args.entropy_term != "eq7" or not self.args.ent_gamma:
+            return loss
+        h = gtpo.masked_mean(self._entropies, inputs["completion_mask"], dim=1)       # (n,) <H>_i, with grad
+        accumulation = self.current_gradient_accumulation_steps if self.model.training else 1.0
+        self._entropies = None
+        return loss + self.args.ent_gamma * h.mean() / accumulation
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)

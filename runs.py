@@ -25,14 +25,15 @@ class SaveError(OSError):
 # -----------------------------------------------------------------------------
 # the run folder
 
-def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=()):
+def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), unrecorded=None):
     """Refuse to mix two runs in one folder. On --resume, the settings in `identity` must equal the
-    run's (config.json) but for those in `allowed`. Returns {key: (the run's value, this one)} of
-    the allowed changes, for config.json."""
+    run's (config.json) but for those in `allowed`; `unrecorded` gives the value a setting had in a
+    run whose config.json predates it. Returns {key: (the run's value, this one)} of the allowed
+    changes, for config.json."""
     cfg_path = os.path.join(out, "config.json")
     if os.path.exists(cfg_path):
         try:
-            old = read_json(cfg_path)
+            old = {**(unrecorded or {}), **read_json(cfg_path)}
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{cfg_path} is unreadable ({e}); it was not written by this version's atomic "
                               f"writer. Restore it, or start afresh with --overwrite or another --output_dir") from None

@@ -53,21 +53,37 @@ def _sync_if(policy, last):
 def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None):
     """GTPO (Eq. 7 with Eq. 5's weights, Eq. 6's filter and -gamma <H>_i) or GRPO (Eq. 1).
 
-    logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i; weights (n, L) and
-    n_conflict (n,) from conflict_weights (GTPO); ref (n, L) reference log-probs (GRPO, beta > 0).
+    logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient when
+    entropy_grad(cfg); weights (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L)
+    reference log-probs (GRPO, beta > 0).
+    cfg.entropy_term "eq7": delta_i filters the advantage term and +gamma <H>_i is every completion's
+    own term with its gradient (Eq. 7); "released": gamma folded into the advantage, detached, and
+    zeroed with it by delta_i (entropy_gate).
     GRPO takes the same entropy gate only when its filter is on (App. 14, Fig. 10c: GRPO +
     filtering + gamma); by default it is the plain baseline.
     Returns (loss, metrics, shaped advantage or None).
     """
+    a = penalty = None
+    if cfg.method == "gtpo" or cfg.gate != "off":                                   # GRPO: only as App. 14
+        if cfg.entropy_term == "eq7":
+            a = gtpo.entropy_filter(adv, h, cfg.ent_threshold, cfg.gate)               # delta_i A_i (Eq. 6)
+            penalty = h if cfg.ent_gamma else None                                   # Eq. 7's gamma <H>_i
+        else:
+            a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)  # released code
     if cfg.method == "gtpo":
-        a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)      # Eq. 6-7
-        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, n_conflict if cfg.conflict_norm else None)
+        norm = n_conflict if cfg.conflict_norm else None
+        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, norm, entropy=penalty, gamma=cfg.ent_gamma)
         return loss, m, a
-    a = None
-    if cfg.gate != "off":                                                            # App. 14
-        a = adv = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)
-    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv, beta=cfg.beta, clip_eps=cfg.clip_eps)
+    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv if a is None else a, beta=cfg.beta, clip_eps=cfg.clip_eps)
+    if penalty is not None:
+        loss = loss + cfg.ent_gamma * penalty.mean()
+        m["loss"] = loss.detach()
     return loss, m, a
+
+
+def entropy_grad(cfg):
+    """Whether <H>_i needs its gradient: Eq. 7's -gamma <H>_i term is in the loss."""
+    return cfg.entropy_term == "eq7" and cfg.ent_gamma != 0 and (cfg.method == "gtpo" or cfg.gate != "off")
 
 
 def prompt_rows(ro, s, n, G, share):
@@ -174,7 +190,8 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
             with autocast(model):
                 logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
                                               logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
-                                              temperature=cfg.temperature)                # of what was sampled
+                                              temperature=cfg.temperature,               # of what was sampled
+                                              entropy_grad=entropy_grad(cfg))
                 h = gtpo.masked_mean(ent, mask[rows], dim=1)                          # (n,) <H>_i
                 loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
                                           None if weights is None else weights[rows],
@@ -183,7 +200,7 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
             clock("forward")
             part_loss.backward()            # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
-        ent_i.append(h)
+        ent_i.append(h.detach())
         gated += [] if a is None else [a]
         for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
             if key in lm:

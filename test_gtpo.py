@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gtpo
-from gtpo import (batch_conflict_weights, conflict_weights, entropy_gate, group_advantages,
+from gtpo import (batch_conflict_weights, conflict_weights, entropy_filter, entropy_gate, group_advantages,
                  grpo_loss, gtpo_loss, kl_k3, masked_mean, token_entropy, token_logprobs)
 
 
@@ -284,6 +284,57 @@ def test_filtered_stats_counts_only_what_the_gate_removed():
     frac, h = gtpo.filtered_stats(A, entropy_gate(A, H, math.log(2), 0.1, "neg"), H)
     assert frac == pytest.approx(1 / 5) and h == pytest.approx(0.9)
     assert gtpo.filtered_stats(A, entropy_gate(A, H, 2.0, 0.1, "all"), H) == (0.0, 0.0)
+
+
+def test_entropy_filter_modes_drop_the_advantage_only():
+    """Eq. 6 as written: delta_i * A_i; gamma does not enter the advantage (Eq. 7's term is the loss's)."""
+    A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
+    H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8], requires_grad=True)
+    assert torch.equal(entropy_filter(A, H, math.log(2), "all"), torch.tensor([1.0, 0.0, 0.0, -0.5, 0.0]))
+    assert torch.equal(entropy_filter(A, H, math.log(2), "neg"), torch.tensor([1.0, 0.0, 0.5, -0.5, 0.0]))
+    assert torch.equal(entropy_filter(A, H, math.log(2), "off"), A)
+    assert entropy_filter(torch.tensor([1.0]), torch.tensor([0.7]), 0.7, "all").item() == 1.0   # == is kept
+    assert not entropy_filter(A, H, math.log(2), "all").requires_grad
+    with pytest.raises(ValueError):
+        entropy_filter(A, H, 0.7, "sometimes")
+
+
+def test_gtpo_loss_entropy_term_of_every_completion_with_its_gradient():
+    """Eq. 7: loss = -(1/N) sum_i [delta_i A_i (1/|o_i|) sum_t lambda ratio - gamma <H>_i]; the entropy term
+    stays for a filtered completion, and d loss / d <H>_i = gamma / N."""
+    logp, mask, adv, w, lengths = _fixture()
+    H = torch.tensor([0.2, 0.9, 1.5, 0.3], requires_grad=True)
+    a = entropy_filter(adv, H, 0.7, "all")                          # rows 1 and 2 filtered
+    loss, _ = gtpo_loss(logp, mask, a, w, entropy=H, gamma=0.1)
+    N = len(adv)
+    adv_term = -sum((w[i, :lengths[i]] * a[i]).sum() / lengths[i] for i in range(N)) / N
+    assert loss.item() == pytest.approx((adv_term + 0.1 * H.sum() / N).item(), abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(H.grad, torch.full((N,), 0.1 / N))
+    assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0     # filtered rows: no log-prob term
+
+
+def test_released_form_gives_no_gradient_when_all_are_filtered_eq7_does():
+    """Every completion above the threshold: the released gate zeroes the penalty with the advantage (no
+    gradient at all); Eq. 7 keeps gamma <H>_i for each."""
+    logp, mask, adv, w, _ = _fixture()
+    H = torch.tensor([1.2, 0.9, 1.5, 0.8], requires_grad=True)
+    released, _ = gtpo_loss(logp, mask, entropy_gate(adv, H, 0.0, 0.1, "all"), w)
+    released.backward()
+    assert released.item() == 0 and logp.grad.abs().sum() == 0 and H.grad is None
+    logp.grad = None
+    eq7, _ = gtpo_loss(logp, mask, entropy_filter(adv, H, 0.0, "all"), w, entropy=H, gamma=0.1)
+    eq7.backward()
+    assert logp.grad.abs().sum() == 0 and (H.grad > 0).all()
+    assert eq7.item() == pytest.approx(0.1 * H.mean().item())
+
+
+def test_gamma_zero_and_no_filter_make_both_forms_the_same():
+    logp, mask, adv, w, _ = _fixture()
+    H = torch.tensor([1.2, 0.9, 1.5, 0.8])
+    a, b = entropy_gate(adv, H, 0.7, 0.0, "off"), entropy_filter(adv, H, 0.7, "off")
+    assert torch.equal(a, b)
+    assert torch.equal(gtpo_loss(logp, mask, a, w)[0], gtpo_loss(logp, mask, b, w, entropy=H, gamma=0.0)[0])
 
 
 def test_entropy_gate_does_not_backprop_through_entropy():

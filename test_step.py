@@ -94,6 +94,37 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
+def _rl_grads(model, tok, monkeypatch, **flags):
+    """One GTPO rl_step on a fixed rollout of 2 prompts x 3 completions -> (metrics, {name: grad})."""
+    ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, **flags)
+    model.zero_grad()
+    m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+    return m, grads(model)
+
+
+def test_every_completion_filtered_released_has_no_gradient_eq7_has(tiny_model_dir, tiny_lm, monkeypatch):
+    """--entropy_filter all --ent_threshold 0: delta_i = 0 for all. The released form's gradient is exactly 0;
+    Eq. 7's entropy term still moves every completion's entropy."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    m, g = _rl_grads(model, tok, monkeypatch, entropy_filter="all", ent_threshold=0.0, entropy_term="released")
+    assert g and all((v == 0).all() for v in g.values()) and m["loss"] == 0
+    m, g = _rl_grads(model, tok, monkeypatch, entropy_filter="all", ent_threshold=0.0, entropy_term="eq7")
+    assert any((v != 0).any() for n, v in g.items() if "lora" in n)
+    assert m["loss"] == pytest.approx(0.1 * m["entropy"], rel=1e-5)      # gamma <H> alone
+
+
+def test_gamma_zero_and_filter_off_both_forms_give_the_same_step(tiny_model_dir, tiny_lm, monkeypatch):
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    out = {term: _rl_grads(model, tok, monkeypatch, entropy_filter="off", ent_gamma=0.0, entropy_term=term)
+           for term in ("eq7", "released")}
+    (m7, g7), (mr, gr) = out["eq7"], out["released"]
+    assert m7["loss"] == mr["loss"] and g7.keys() == gr.keys()
+    assert all(torch.equal(g7[n], gr[n]) for n in g7) and any((v != 0).any() for v in g7.values())
+
+
 @pytest.mark.parametrize("method,beta", [("gtpo", 0.0), ("grpo", 0.04)])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir, tiny_lm, monkeypatch, method, beta):
     """--gradient_checkpointing (what CUDA defaults to) recomputes each layer in backward: the RL
@@ -231,7 +262,8 @@ def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_lm):
 
 
 def test_grpo_takes_the_entropy_gate_only_when_asked():
-    """App. 14 / Fig. 10c: GRPO + filtering + gamma. Default GRPO is the plain baseline (Eq. 1)."""
+    """App. 14 / Fig. 10c: GRPO + filtering + gamma, in both readings of Eq. 7's term. Default GRPO is the
+    plain baseline (Eq. 1)."""
     import gtpo
     g = torch.Generator().manual_seed(4)
     logp = torch.randn(4, 5, generator=g).requires_grad_()
@@ -241,15 +273,21 @@ def test_grpo_takes_the_entropy_gate_only_when_asked():
     base = Config(method="grpo", dataset="arithmetic", generation_size=4, max_completion_length=5)
     plain, _, a = step.policy_loss(base, logp, mask, adv, h)
     assert a is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
-    cfg = dataclasses.replace(base, entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1)
+    # released: delta_i (A_i - gamma <H>_i)
+    cfg = dataclasses.replace(base, entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1, entropy_term="released")
     gated, m, a = step.policy_loss(cfg, logp, mask, adv, h)
-    want = torch.tensor([0.0, 0.0, 0.5 - 0.09, 0.0])           # delta_i (A_i - gamma <H>_i)
+    want = torch.tensor([0.0, 0.0, 0.5 - 0.09, 0.0])
     torch.testing.assert_close(a, want)
     assert gated.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
     assert gated.item() != pytest.approx(plain.item())
     neg, _, a = step.policy_loss(dataclasses.replace(cfg, entropy_filter="neg"), logp, mask, adv, h)
     torch.testing.assert_close(a, torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0]))   # OnlyNeg keeps row 0 (A > 0)
     assert neg.item() != pytest.approx(gated.item())
+    # Eq. 7: delta_i A_i, and + gamma <H>_i over every completion, filtered or not
+    eq7, _, a = step.policy_loss(dataclasses.replace(cfg, entropy_term="eq7"), logp, mask, adv, h)
+    torch.testing.assert_close(a, torch.tensor([0.0, 0.0, 0.5, 0.0]))
+    want = gtpo.grpo_loss(logp, None, None, mask, a)[0].item() + 0.1 * (1.2 + 1.5 + 0.9 + 1.2) / 4
+    assert eq7.item() == pytest.approx(want, abs=1e-6)
 
 
 def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):

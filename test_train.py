@@ -1,5 +1,6 @@
 """Tests for rollout.py, config.py and train.py: masks on a tiny random-weight model, one optimizer
 step per method, a 2-step run of the embedded model with a resume, and bad flags."""
+import dataclasses
 import json
 import os
 
@@ -175,8 +176,7 @@ def test_help_shows_the_real_defaults_grouped(capsys):
     groups = [(g.title, [a.dest for a in g._group_actions]) for g in build_parser()._action_groups]
     titles = [t for t, _ in groups]
     assert titles[2:4] == ["the paper's recipe (Listing 1)", "the objective (Eq. 1, 5-8)"]   # first after -h
-    main_flags = sum(len(a) for t, a in groups[2:4])
-    assert main_flags <= 36 and out.index("--lr") < out.index("--output_dir") < out.index("--merge_lora")
+    assert out.index("--lr") < out.index("--output_dir") < out.index("--merge_lora")
 
 
 def test_every_flag_is_documented_in_docs_training():
@@ -203,6 +203,33 @@ def test_config_defaults_profiles_and_unknown_fields():
     assert Config(h_ini=0.9).gate == "off" and Config(method="grpo", entropy_filter="neg").gate == "neg"
     with pytest.raises(ValueError, match="needs <H>_ini"):
         Config().gate
+
+
+def test_released_code_selects_every_released_behaviour_and_given_flags_win():
+    from config import RELEASED_CODE, parse_args
+    paper, rel = parse_args([]), parse_args(["--released_code"])
+    assert (paper.entropy_term, paper.scale_rewards, paper.conflict_norm, paper.entropy_filter) == \
+        ("eq7", True, False, "auto")
+    assert {k: getattr(rel, k) for k in RELEASED_CODE} == {
+        "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "entropy_filter": "all",
+        "ent_threshold": 0.7, "entropy_term": "released"} and rel.released_code
+    mixed = parse_args(["--released_code", "--entropy_term", "eq7", "--ent_threshold", "0.5"])
+    assert (mixed.entropy_term, mixed.ent_threshold, mixed.conflict_combine) == ("eq7", 0.5, "product")
+
+
+def test_resume_reads_an_unrecorded_entropy_term_as_released(tmp_path):
+    """A run whose config.json predates --entropy_term ran the released form: resuming it under eq7 is
+    refused like any other change of objective."""
+    from config import UNRECORDED, identity_keys, parse_args
+    from runs import ConfigError, prepare_output_dir, write_json
+    old = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path)]))
+    del old["entropy_term"], old["released_code"]
+    write_json(str(tmp_path / "config.json"), old)
+    new = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path)]))
+    with pytest.raises(ConfigError, match="entropy_term: 'released' there vs 'eq7' now"):
+        prepare_output_dir(str(tmp_path), new, True, False, identity_keys(), (), UNRECORDED)
+    same = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--entropy_term", "released"]))
+    assert prepare_output_dir(str(tmp_path), same, True, False, identity_keys(), (), UNRECORDED) == {}
 
 
 def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
@@ -352,6 +379,51 @@ def test_chunked_function_gradcheck_float64():
     want = torch.autograd.grad((ref * g).sum(), (h, w, b))
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_entropy_gradient_gradcheck(temperature):
+    """Eq. 7's term through the chunked head: d(g . logp + g_H . H)/d(hidden, W, b), float64 finite
+    differences (torch.autograd.gradcheck), chunks of 3 over 7 positions, temperature included."""
+    from gtpo_logprobs import ChunkedLogprobs
+    g = torch.Generator().manual_seed(0)
+    T, D, V = 7, 5, 11
+    h, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+               for shape in ((T, D), (V, D), (V,)))
+    t = torch.randint(0, V, (T,), generator=g)
+    assert torch.autograd.gradcheck(lambda h, w, b: ChunkedLogprobs.apply(h, w, b, t, 3, True, temperature, True),
+                                    (h, w, b))
+    lp, ent = ChunkedLogprobs.apply(h, w, b, t, 3, True, temperature, False)
+    assert not ent.requires_grad                                       # without entropy_grad: a constant
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_entropy_gradient_matches_autograd_on_full_logits(tiny_lm, temperature):
+    """sequence_logprobs(entropy_grad=True): the gradient of gamma * mean <H>_i (plus the log-prob term)
+    through the chunked LM head equals autograd through the full (N, L, V) logits."""
+    import gtpo
+    from gtpo_logprobs import sequence_logprobs
+    model = tiny_lm(False)
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    p_ids, c_ids = torch.randint(0, V, (4, 5), generator=g), torch.randint(0, V, (4, 6), generator=g)
+    p_mask = torch.ones_like(p_ids)
+    c_mask = (torch.arange(6)[None] < torch.tensor([6, 2, 4, 1])[:, None]).long()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    out = {}
+    for chunk in (0, 4):
+        model.zero_grad()
+        logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, logprob_chunk=chunk,
+                                      temperature=temperature, entropy_grad=True)
+        h = gtpo.masked_mean(ent, c_mask, dim=1)
+        loss, _ = gtpo.gtpo_loss(logp, c_mask, adv, c_mask.float(), entropy=h, gamma=0.1)
+        loss.backward()
+        out[chunk] = loss.detach(), grads(model)
+    (l0, g0), (l4, g4) = out[0], out[4]
+    torch.testing.assert_close(l4, l0, atol=1e-6, rtol=0)
+    assert g0.keys() == g4.keys() and any("lm_head" in n for n in g0)
+    for n in g0:
+        torch.testing.assert_close(g4[n], g0[n], atol=1e-6, rtol=1e-4, msg=n)
 
 
 HEAP_PROBE = """

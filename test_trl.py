@@ -46,10 +46,12 @@ def _trainer(tmp_path, model, tok, **kw):
     return t
 
 
+@pytest.mark.parametrize("term", ["eq7", "released"])
 @pytest.mark.parametrize("gate,norm,temperature", [("off", False, 1.0), ("all", False, 1.0), ("neg", True, 1.0),
                                                    ("all", True, 1.0), ("all", False, 0.7)])
-def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature):
-    """Both take log-probs and entropies of softmax(logits / T), the sampled distribution."""
+def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature, term):
+    """Both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7" both
+    add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head)."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     ids, mask, adv = _planted(model.config.vocab_size)
     ids = ids.masked_fill(mask == 0, tok.pad_token_id)
@@ -60,7 +62,7 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
         _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=temperature)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
     t = _trainer(tmp_path, model, tok, entropy_filter=gate, conflict_norm=norm, ent_threshold=float(h.median()),
-                 temperature=temperature)
+                 temperature=temperature, entropy_term=term)
     torch.testing.assert_close(t._mean_entropy({"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
                                                 "completion_mask": mask}, "train"), h)
     per_token, metrics = token_advantages(ids, mask, adv, h, 4, t.args, gate)
@@ -76,9 +78,12 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     ours_adv = torch.where(ours_adv == 0, 0.0, adv)
     weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)
     cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, conflict_norm=norm,
-                 ent_threshold=float(h.median()), temperature=temperature)
-    logp, _ = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature)
-    ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h, weights, n_conf)
+                 ent_threshold=float(h.median()), temperature=temperature, entropy_term=term)
+    logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature,
+                                  entropy_grad=step.entropy_grad(cfg))
+    h_ours = gtpo.masked_mean(ent, mask, dim=1)                        # (N,) with grad under "eq7"
+    assert h_ours.requires_grad == (term == "eq7")
+    ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h_ours, weights, n_conf)
     ours.backward()
     assert loss.item() == pytest.approx(ours.item(), abs=1e-6) and ours.item() != 0
     g_ours = grads(model)

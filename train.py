@@ -19,7 +19,7 @@ import time
 import torch
 
 import step
-from config import ConfigError, identity_keys, parse_args
+from config import UNRECORDED, ConfigError, identity_keys, parse_args
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example
 from gtpo_logprobs import PolicyPass
@@ -163,7 +163,7 @@ def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
-                                 cfg.allow_changes.split(",")) if dist.main else {}
+                                 cfg.allow_changes.split(","), UNRECORDED) if dist.main else {}
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
