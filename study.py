@@ -117,6 +117,22 @@ def collapse_jobs():
     return out
 
 
+Q6_SEEDS, Q6_NEW_SEEDS, Q6_RUNG = (21, 22, 23, 24, 25, 26, 27, 28), (26, 27, 28), "r4"
+
+
+def q6_jobs():
+    """Q6 (docs/study.md, part 4): GTPO with Eq. 7's entropy term as written on seeds 21-28 and GRPO beta = 0
+    on the new seeds 26-28 (21-25 are part 3's collapse-grpo runs), at rung r4 from each seed's
+    warm-up-collapse warm-up. Ordered so that what the verdict needs comes first: the new warm-ups, the
+    training runs, then their `rung` evaluations, then their `kl` drift."""
+    w, flags = COLLAPSE_WARMUP
+    _, ds, lr = next(r for r in LADDER if r[0] == Q6_RUNG)
+    out = [(f"{w}-s{s}", flags, s, None, ()) for s in Q6_NEW_SEEDS]
+    runs_ = [(f"q6-{m}-s{s}", rung_flags(m, ds, lr) + (["--entropy_term", "eq7"] if m == "gtpo" else []), s,
+              f"{w}-s{s}") for s in Q6_SEEDS for m in ("gtpo", "grpo") if m == "gtpo" or s in Q6_NEW_SEEDS]
+    return out + [(*job, evals) for evals in ((), ("rung",), ("kl",)) for job in runs_]
+
+
 def pilot_skipped(run_id):
     """A pilot rung after the chosen one is not run (the ladder stops at the first collapse)."""
     rung = chosen_rung()
@@ -144,7 +160,7 @@ def jobs():
         seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
         out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
                 for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
-    return out + collapse_jobs()
+    return out + collapse_jobs() + q6_jobs()
 
 
 # -----------------------------------------------------------------------------
@@ -349,13 +365,16 @@ def adapter_fingerprint(folder):
 
 def run_all(shard, only=(), threads=None):
     """This worker's jobs, in order; the table is read again after each job, since the collapse
-    part's test joins it once the pilot has chosen its rung. only: run-id prefixes to run."""
+    part's test joins it once the pilot has chosen its rung. only: run-id prefixes to run, with the
+    warm-ups those runs start from."""
     k, n = shard
     threads = threads or max(1, (os.cpu_count() or 1) // n)
     done = set()
     while True:
-        todo = [job for i, job in enumerate(jobs()) if i % n == k and (job[0], job[4]) not in done
-                and (not only or job[0].startswith(tuple(only)))]
+        table = jobs()
+        chosen = {job[0] for job in table if not only or job[0].startswith(tuple(only))}
+        chosen |= {job[3] for job in table if job[0] in chosen and job[3]}
+        todo = [job for i, job in enumerate(table) if i % n == k and (job[0], job[4]) not in done and job[0] in chosen]
         if not todo:
             return
         run_id, flags, seed, start, evals = todo[0]

@@ -313,3 +313,19 @@ def test_a_collapse_test_run_costs_its_time_once_though_listed_twice(tmp_path, m
         "eval-kl": [{"seconds": 600.0, "finished": True, "workers": 2}]}))
     assert [j[0] for j in study.jobs()].count("collapse-grpo-s21") == 2
     assert study_report.cost_hours(collapse=True) == pytest.approx(1.0)
+
+
+def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
+    """docs/study.md part 4: what the verdict needs first (warm-ups, training), then `rung`, then `kl`."""
+    jobs = study.q6_jobs()
+    assert [j[0] for j in jobs[:3]] == ["warmup-collapse-s26", "warmup-collapse-s27", "warmup-collapse-s28"]
+    trained = [j for j in jobs if j[4] == ()][3:]
+    assert sorted(j[0] for j in trained) == sorted([f"q6-gtpo-s{s}" for s in range(21, 29)] +
+                                                   [f"q6-grpo-s{s}" for s in (26, 27, 28)])
+    assert [j[4] for j in jobs[3:]] == [()] * 11 + [("rung",)] * 11 + [("kl",)] * 11
+    for run_id, flags, seed, start, _ in trained:
+        assert start == f"warmup-collapse-s{seed}" and flags[flags.index("--lr") + 1] == "2e-3"
+        assert flags[flags.index("--dataset", flags.index("--max_steps")) + 1] == "arithmetic-hard"
+        assert ("--entropy_term" in flags) == run_id.startswith("q6-gtpo")
+        assert flags == study.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + \
+            (["--entropy_term", "eq7"] if "gtpo" in run_id else [])
