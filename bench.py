@@ -60,11 +60,11 @@ def _status_kb(field):
 
 def measure(fn, device, repeats):
     """(median seconds, peak extra bytes) of fn() on `device`, peak over all repeats."""
-    times = []
+    times, dev = [], torch.device(device)
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
     else:
         base = _status_kb("VmRSS") * 1024
         with open("/proc/self/clear_refs", "w") as f:              # reset VmHWM to the current RSS
@@ -73,9 +73,9 @@ def measure(fn, device, repeats):
         t0 = time.perf_counter()
         fn()
         if device.startswith("cuda"):
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda") else _status_kb("VmHWM") * 1024) - base
+    peak = (torch.cuda.max_memory_allocated(dev) if device.startswith("cuda") else _status_kb("VmHWM") * 1024) - base
     return statistics.median(times), peak
 
 
@@ -319,7 +319,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
     for r in range(rounds + 1):                                              # round 0 is the warm-up
         for name in names:
             if cuda:
-                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.reset_peak_memory_stats(args.device)
             clock = steps.Clock(args.device)
             if name == "floor":
                 floor_step(model, tok, prompt, new_tokens, G, args.device, clock)
@@ -332,7 +332,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
             clock("optimizer")
             if r > 0:
                 times[name].append(clock.parts)
-                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() if cuda else 0)
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(args.device) if cuda else 0)
             print(f"  round {r} {name:14s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {}
@@ -570,7 +570,7 @@ def report_memory(args, res):
     print("\n   estimate vs measured on CPU (MemTracker, two real steps), GB")
     for check in memory.CPU_CHECKS:
         config, s = memory.cpu_check(check)
-        est, measured = memory.estimate(config, s)["peak"], memory.measured_peak(config, s)
+        est, measured = memory.estimate(config, s)["step"], memory.measured_peak(config, s)
         res["memory"][check] = {"estimate": est, "measured": measured}
         print(f"   {check}: estimate {est / 1e9:.4f}, measured {measured / 1e9:.4f} ({est / measured - 1:+.0%})")
 
@@ -597,7 +597,8 @@ def main():
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--heap_mmap_mb", type=float, default=0.0, help="as train.py's flag (default 0: glibc's)")
-    p.add_argument("--memory_budget_gb", type=float, default=36.0, help="memory part: the budget (one A100 40GB less 10 %%)")
+    p.add_argument("--memory_budget_gb", type=float, default=40.0, help="memory part: the budget (one A100 40GB; "
+                   "the estimate adds the CUDA context and the allocator's slack itself)")
     p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
     p.add_argument("--gpu_shape", default="llama-8b", help="gpu part: llama-8b, qwen2.5-3b, llama-1b (random weights), tiny (a CPU dry run), or a model alias / folder")
     p.add_argument("--gpu_parts", default="sampling,step,determinism", help="gpu part: which of its three parts")
@@ -612,7 +613,7 @@ def main():
     if args.probe:                                                            # child process
         print(json.dumps(PROBES[args.probe](json.loads(args.probe_cfg), args.device)))
         return
-    res = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
+    res = {"device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
     reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step,

@@ -124,16 +124,19 @@ class Config:
     micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
                                  "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
                                  type=int)
-    memory_budget_gb: float = flag(None, "GPU memory a step may use [default: the device's total less 10 %%]",
-                                   group="memory", type=float)
+    memory_budget_gb: float = flag(None, "GPU memory the run may use, CUDA context included [default: the "
+                                   "device's total]", group="memory", type=float)
     sft_micro_batch_size: int = flag(0, "worked solutions per forward/backward in SFT steps, 0 = as "
                                      "--micro_batch_size", group="memory")
     logprob_chunk: int = flag(256, "completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) "
                               "logits)", group="memory")
+    tf32: bool = flag(True, "CUDA: the LM head's fp32 GEMMs in TF32 (10-bit mantissa inputs, fp32 accumulate; "
+                      "the log-softmax stays fp32); --no-tf32 = full fp32", group="memory")
     share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group (off with checkpointing)",
                               group="memory")
     gradient_checkpointing: bool = flag(None, "keep only each layer's input, recompute the rest in backward "
-                                        "[default: on with CUDA, off on CPU]", group="memory", type=bool)
+                                        "[default: on CUDA decided by the memory estimate -- off when a whole group "
+                                        "fits one micro-batch without it; off on CPU]", group="memory", type=bool)
     merge_lora: bool = flag(True, "sample with LoRA merged into copies of the base weights", group="cpu")
     heap_mmap_mb: float = flag(0.0, "glibc: freed blocks above this size (MB) go back to the OS at once (lower "
                                "peak RSS, slower steps); 0 = glibc's default", group="cpu")
@@ -240,8 +243,8 @@ def finish(cfg):
         raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "
                           f"identity ({', '.join(identity_keys())}); other settings may change on --resume freely")
     cuda = cfg.device.startswith("cuda")
-    if cfg.gradient_checkpointing is None:              # activations dominate a GPU step's memory
-        cfg.gradient_checkpointing = cuda
+    if cfg.gradient_checkpointing is None and not cuda:  # on CUDA train.plan_memory decides by the estimate
+        cfg.gradient_checkpointing = False
     if cfg.micro_batch_size is None and not cuda:       # on CUDA train.plan_memory picks it
         cfg.micro_batch_size = 0
     if cfg.gradient_checkpointing:

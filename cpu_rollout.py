@@ -15,21 +15,20 @@ import contextlib
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
-from gtpo import token_entropy
 from gtpo_logprobs import positions
 
 
 def sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-           top_p=1.0, merge_lora=True, with_entropy=False):
-    """G completions per prompt: ids, attn (B, P) left-padded prompts, P >= 2 -> (tokens (B*G, L),
-    entropy (B*G, L) or None), rows b*G ... b*G+G-1 continuing prompt b. The model is in eval
+           top_p=1.0, merge_lora=True):
+    """G completions per prompt: ids, attn (B, P) left-padded prompts, P >= 2 -> tokens (B*G, L),
+    rows b*G ... b*G+G-1 continuing prompt b. The model is in eval
     mode and no gradient is recorded (rollout.rollout sees to both)."""
     with merged_lora(model) if merge_lora else contextlib.nullcontext():
         cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
         with blocked(model):
             return decode(model, cache, ids.repeat_interleave(group_size, 0)[:, -1:],
                           attn.repeat_interleave(group_size, 0), max_new_tokens, min_new_tokens, eos, pad_id,
-                          temperature, top_p, with_entropy)
+                          temperature, top_p)
 
 
 def lora_factors(layer):
@@ -167,21 +166,18 @@ def sample_next(logits, temperature=1.0, top_p=1.0):
 
 
 def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-           top_p=1.0, with_entropy=False):
+           top_p=1.0):
     """Sample completions after a pre-filled cache, one token per row per forward, as
     `generate(do_sample=True, top_k=0)` does: EOS barred before min_new_tokens, rows that have
     emitted an EOS continue with pad_id, and it stops when every row has one.
-    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens,
-    and with_entropy the entropy of softmax(logits / temperature) at each step, (N, L), else None."""
+    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens."""
     eos_t = torch.tensor(eos, device=last_ids.device)
     pos = positions(attn)[:, -1:]                                     # (N, 1)
     done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
-    ids, out, ent = last_ids, [], []
+    ids, out = last_ids, []
     for t in range(max_new_tokens):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]                # (N, V)
-        if with_entropy:
-            ent.append(token_entropy(logits / temperature))           # (N,) of the sampled distribution
         if t < min_new_tokens:
             logits[:, eos_t] = float("-inf")
         nxt = sample_next(logits, temperature, top_p).masked_fill_(done, pad_id)    # (N,)
@@ -191,4 +187,4 @@ def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pa
             break
         ids, pos = nxt[:, None], pos + 1
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)           # (N, P + t + 1)
-    return torch.stack(out, dim=1), (torch.stack(ent, dim=1) if with_entropy else None)   # (N, L), (N, L)
+    return torch.stack(out, dim=1)                                    # (N, L)

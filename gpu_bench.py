@@ -41,20 +41,31 @@ def _gb(clock, stage):
     return f"{clock.peaks[stage] / 1e9:.2f}" if stage in clock.peaks else "–"
 
 
-class PeakClock(steps.Clock):
-    """step.Clock that also keeps each stage's peak allocated CUDA memory (bytes; 0 elsewhere)."""
+def managed_bytes(optimizer):
+    """Bytes of a paged bitsandbytes optimizer's state: CUDA managed memory, which torch's allocator
+    (and so max_memory_reserved) never sees."""
+    return sum(v.numel() * v.element_size() for st in getattr(optimizer, "state", {}).values()
+               for v in st.values() if torch.is_tensor(v) and getattr(v, "is_paged", False))
 
-    def __init__(self, device):
+
+class PeakClock(steps.Clock):
+    """step.Clock that also keeps each stage's peak CUDA memory on its device (bytes; none elsewhere):
+    `peaks` allocated, `reserved` what the allocator held plus the optimizer's managed memory -- what
+    the card must have, to compare with memory.estimate."""
+
+    def __init__(self, device, optimizer=None):
         super().__init__(device)
-        self.peaks = {}
+        self.peaks, self.reserved, self.optimizer = {}, {}, optimizer
         if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def __call__(self, stage):
         super().__call__(stage)
         if self.cuda:
-            self.peaks[stage] = max(self.peaks.get(stage, 0), torch.cuda.max_memory_allocated())
-            torch.cuda.reset_peak_memory_stats()
+            held = torch.cuda.max_memory_reserved(self.device) + managed_bytes(self.optimizer)
+            self.peaks[stage] = max(self.peaks.get(stage, 0), torch.cuda.max_memory_allocated(self.device))
+            self.reserved[stage] = max(self.reserved.get(stage, 0), held)
+            torch.cuda.reset_peak_memory_stats(self.device)
 
 
 def random_model_dir(shape, device):
@@ -97,7 +108,7 @@ def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
     """step.rl_step + clip + optimizer step, `tokens` forced -> (metrics, PeakClock)."""
     from bench import spread_score
     cfg = dataclasses.replace(cfg, max_completion_length=tokens, min_new_tokens=tokens)
-    clock = PeakClock(cfg.device)
+    clock = PeakClock(cfg.device, optimizer)
     m, _, _ = steps.rl_step(model, model, tok, [prompt], [answer], cfg, clock=clock, reward_fn=spread_score)
     m["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
     optimizer.step()
@@ -161,14 +172,15 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
     print(f"\n2. step: G {cfg.generation_size} x {args.gpu_step_tokens} forced tokens, micro-batches of "
           f"{cfg.micro_batch_size or 'all'}, checkpointing {'on' if cfg.gradient_checkpointing else 'off'}, rollout "
           f"{resolve_path(cfg.rollout, cfg.device)}: {total:.1f} s")
-    print("| stage | seconds | peak GB measured | peak GB estimated |")
-    print("|---|---|---|---|")
+    print("| stage | seconds | peak GB allocated | peak GB reserved + managed | peak GB estimated |")
+    print("|---|---|---|---|---|")
     stage_est = {"generate": est["sampling"], "forward": est["gradient"], "backward": est["gradient"]}
     for stage, sec in clock.parts.items():
-        e = stage_est.get(stage)
-        print(f"| {stage} | {sec:.2f} | {_gb(clock, stage)} | {'' if e is None else f'{e / 1e9:.2f}'} |")
-    res["step"] = {"seconds": clock.parts, "total": total, "peaks": clock.peaks, "estimate": est,
-                   "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
+        e, held = stage_est.get(stage), clock.reserved.get(stage)
+        print(f"| {stage} | {sec:.2f} | {_gb(clock, stage)} | {'–' if held is None else f'{held / 1e9:.2f}'} | "
+              f"{'' if e is None else f'{e / 1e9:.2f}'} |")
+    res["step"] = {"seconds": clock.parts, "total": total, "peaks": clock.peaks, "reserved_plus_managed": clock.reserved,
+                   "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
 
 
 def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):

@@ -6,14 +6,23 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
   weights     the base model as loaded: every decoder Linear in NF4 4-bit (bitsandbytes, block 64,
               double quantization) or in the weights' dtype; embeddings, norms and LM head unquantized
   trainable   LoRA (or all) parameters in fp32 and the optimizer's state (8-bit AdamW: 2 bytes each)
+  ranks       with several ranks, DDP's gradient buckets: the gradients themselves (bucket views), but
+              allocated when the model is wrapped and held through every stage, sampling included
+  sampler     with --rollout merged, the sampler's kept copy of the Linear layers (merged_rollout.py)
+  h_ini       + <H>_ini's measurement (Sec. 6, step.initial_entropy): 8 prompts sampled once each,
+              then a no-grad pass over them (every layer's hidden states, one LM-head chunk)
   sampling    + the KV cache of the B x G rows over prompt + completion, the prefill's widest
-              temporaries, the decode step's fp32 logits, and with --rollout merged the sampler's
-              bf16 copy of the whole model
-  gradient    + the trainable gradients and one micro-batch's saved activations: every layer's,
-              or with checkpointing only each layer's input plus one layer recomputed in backward;
-              backward's in-flight gradients (one layer's worth); the LM head's chunk
+              temporaries, the decode step's fp32 logits
+  gradient    + the trainable gradients (one rank) and one micro-batch's saved activations: every
+              layer's, or with checkpointing only each layer's input plus one layer recomputed in
+              backward; backward's in-flight gradients (one layer's worth); the LM head's chunk
               (gtpo_logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
-  peak        the larger of sampling and gradient
+  step        the larger of sampling and gradient: a training step's peak (what measured_peak measures)
+  peak        the largest stage, <H>_ini's included: the most tensor memory the run holds at once
+  card        what the GPU must have: peak plus the allocator's slack (ALLOCATOR_SLACK of it) and
+              the CUDA context (and NCCL's buffers with several ranks), which torch's allocator never
+              sees (CONTEXT_BYTES, NCCL_BYTES: allowances to be replaced by a GPU's measurement,
+              docs/performance.md)
 Activation bytes per token come from one forward of a 1- and a 2-layer model of the same width on
 fake tensors (FakeTensorMode: nothing allocated), counting what autograd saves for backward under
 the run's precision (models.autocast); everything else is counted from the parameter shapes.
@@ -39,6 +48,10 @@ SHAPES = {
 }
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)       # 4 bits + int8 absmax per 64 + fp32 absmax per 256 blocks
 OPTIMIZER_BYTES = {"adamw_8bit": 2 + 8 / 256, "adamw_torch": 8}    # state per trainable parameter
+H_INI_ROWS = 8                                  # prompts per rollout call of step.initial_entropy
+CONTEXT_BYTES = 0.6e9                           # CUDA context + cuBLAS workspace, outside torch's allocator
+NCCL_BYTES = 0.5e9                              # NCCL's communicator buffers per rank
+ALLOCATOR_SLACK = 0.05                          # fragmentation with expandable segments (train.py sets them)
 
 
 @dataclass
@@ -58,16 +71,17 @@ class Settings:
     logprob_chunk: int = 256
     optimizer: str = "adamw_8bit"
     sampler: str = "generate"           # "merged": a bf16 copy with LoRA merged (rollout.py)
+    world_size: int = 1                 # ranks (torchrun --nproc_per_node), one GPU each
 
     @classmethod
-    def from_config(cls, cfg, prompt_tokens, dtype_bytes):
+    def from_config(cls, cfg, prompt_tokens, dtype_bytes, world_size=1):
         return cls(lora_rank=cfg.lora_rank, load_in_4bit=cfg.load_in_4bit, dtype_bytes=dtype_bytes,
                    autocast=dtype_bytes == 2, batch_size=cfg.batch_size, generation_size=cfg.generation_size,
                    prompt_tokens=prompt_tokens, completion_tokens=cfg.max_completion_length,
                    micro_batch_size=cfg.micro_batch_size or 0,
                    gradient_checkpointing=bool(cfg.gradient_checkpointing), share_prompt=cfg.share_prompt,
                    logprob_chunk=cfg.logprob_chunk, optimizer=cfg.optimizer,
-                   sampler="merged" if cfg.rollout == "merged" else "generate")
+                   sampler="merged" if cfg.rollout == "merged" else "generate", world_size=world_size)
 
 
 def model_config(name):
@@ -188,14 +202,24 @@ def estimate(config, s):
     b = s.dtype_bytes
     out = {"weights": linear * (NF4_BYTES if s.load_in_4bit else b) + other * b}
     out["trainable"] = trainable * (4 + OPTIMIZER_BYTES[s.optimizer])
+    out["ranks"] = trainable * 4 if s.world_size > 1 else 0              # DDP's buckets = the gradients
+    out["sampler"] = linear * 2 if s.sampler == "merged" else 0          # dense bf16 Linear layers, kept
+    held = out["weights"] + out["trainable"] + out["ranks"] + out["sampler"]
+    P, C = s.prompt_tokens, s.completion_tokens
+
+    def sampling(rows, prompts):
+        """KV cache of `rows` rows over P + C, the prefill's widest temporaries, the decode's logits."""
+        kv = rows * (P + C) * L * 2 * kv_dim * b
+        prefill = prompts * s.generation_size * P * (3 * config.intermediate_size + 4 * D) * b \
+            if rows > H_INI_ROWS else rows * P * (3 * config.intermediate_size + 4 * D) * b
+        return kv * (1 + (s.sampler != "merged") / L) + max(prefill, 3 * rows * V * 4)   # static cache: no growth
+    # ---- <H>_ini: 8 rows sampled, then a no-grad pass keeping every layer's hidden states
+    chunk_logits = (s.logprob_chunk + 32) * V * 4
+    out["h_ini"] = held + max(sampling(H_INI_ROWS, H_INI_ROWS),
+                              H_INI_ROWS * (P + C) * D * b * (L + 1) + chunk_logits)
     # ---- sampling: B*G rows decode over prompt + completion
-    rows, P, C = s.batch_size * s.generation_size, s.prompt_tokens, s.completion_tokens
-    kv = rows * (P + C) * L * 2 * kv_dim * b
-    prefill = s.batch_size * s.generation_size * P * (3 * config.intermediate_size + 4 * D) * b
-    sample = kv * (1 + (s.sampler != "merged") / L) + max(prefill, 3 * rows * V * 4)   # static cache: no growth
-    if s.sampler == "merged":                           # dense copies of the Linear layers; the rest is shared
-        sample += linear * 2
-    out["sampling"] = out["weights"] + out["trainable"] + sample
+    rows = s.batch_size * s.generation_size
+    out["sampling"] = held + sampling(rows, s.batch_size)
     # ---- gradient pass: one micro-batch of m completions
     m = s.micro_batch_size or rows
     prompts = min(s.batch_size, math.ceil(m / s.generation_size) + (m % s.generation_size > 0)) \
@@ -206,25 +230,52 @@ def estimate(config, s):
     chunk = min(s.logprob_chunk or m * C, m * C)
     head = (chunk + 32) * V * 4 + m * C * D * 2 * b + (V * D * 4 if b != 4 else 0)   # one chunk's logits
     layer = (2 if s.gradient_checkpointing else 1) * tokens * per_layer    # a layer's grads (+ its rebuild)
-    out["gradient"] = out["weights"] + out["trainable"] + trainable * 4 + tokens * (kept + outside) + max(head, layer)
-    out["peak"] = max(out["sampling"], out["gradient"])
+    grads = 0 if s.world_size > 1 else trainable * 4                       # in "ranks" with DDP
+    out["gradient"] = held + grads + tokens * (kept + outside) + max(head, layer)
+    out["step"] = max(out["sampling"], out["gradient"])                    # each training step's
+    out["peak"] = max(out["h_ini"], out["step"])
+    out["card"] = out["peak"] * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES + (NCCL_BYTES if s.world_size > 1 else 0)
     return out
 
 
 def fit(config, s, budget_bytes):
-    """The largest micro-batch (completions per forward/backward) whose estimated peak fits
+    """The largest micro-batch (completions per forward/backward) whose estimated card memory fits
     budget_bytes -> (micro_batch_size, estimate), or (None, the estimate at 1) when none does."""
     rows = s.batch_size * s.generation_size
     for m in range(rows, 0, -1):
         est = estimate(config, dataclasses.replace(s, micro_batch_size=m))
-        if est["peak"] <= budget_bytes:
+        if est["card"] <= budget_bytes:
             return m, est
     return None, est
 
 
+def plan(config, s, budget_bytes):
+    """Checkpointing and the micro-batch, decided by the estimate -> (checkpointing, micro_batch_size,
+    estimate). Without checkpointing when a whole group of G completions (or every row) still fits
+    in one micro-batch: it saves backward's recomputation and keeps each prompt computed once per
+    group (share_prompt); otherwise with it, which fits the most completions per micro-batch.
+    s.micro_batch_size > 0 is kept as given; micro_batch_size None: nothing fits."""
+    rows = s.batch_size * s.generation_size
+    given = s.micro_batch_size or None
+    off = dataclasses.replace(s, gradient_checkpointing=False)
+    if given:
+        est = estimate(config, off)
+        if est["card"] <= budget_bytes:
+            return False, given, est
+    else:
+        m, est = fit(config, off, budget_bytes)
+        if m is not None and m >= min(s.generation_size, rows):
+            return False, m, est
+    on = dataclasses.replace(s, gradient_checkpointing=True, share_prompt=False)
+    if given:
+        return True, given, estimate(config, on)
+    m, est = fit(config, on, budget_bytes)
+    return True, m, est
+
+
 def describe(est):
-    """One line: each stage in GB."""
-    return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.items()) + " GB"
+    """One line: each stage in GB (ranks and sampler only where they are not 0)."""
+    return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.items() if v or k not in ("ranks", "sampler")) + " GB"
 
 
 class _Tracker:
@@ -260,7 +311,7 @@ class _Tracker:
 
 
 def measured_peak(config, s, seed=0):
-    """The peak tensor memory of two real steps on CPU (random weights, LoRA and checkpointing as
+    """The peak tensor memory (estimate's "step") of two real steps on CPU (random weights, LoRA and checkpointing as
     load_model sets them; s.sampler "generate", lengths forced; s.load_in_4bit counts as off), by
     torch's MemTracker: what estimate() predicts, measured. Small shapes only: it allocates."""
     torch.manual_seed(seed)
@@ -285,7 +336,7 @@ def _measure(config, s):
     B, G, P, C = s.batch_size, s.generation_size, s.prompt_tokens, s.completion_tokens
     cfg = SimpleNamespace(generation_size=G, micro_batch_size=s.micro_batch_size, share_prompt=s.share_prompt,
                           logprob_chunk=s.logprob_chunk, method="grpo", beta=0.0, clip_eps=0.2, gate="off",
-                          temperature=1.0)
+                          temperature=1.0, entropy_term="eq7", ent_gamma=0.0)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (B, P))
@@ -295,7 +346,7 @@ def _measure(config, s):
         for _ in range(2):
             with torch.no_grad(), autocast(model):
                 model.eval()
-                comp, _ = generate(model, ids, torch.ones_like(ids), G, C, C, [config.vocab_size], 0)
+                comp = generate(model, ids, torch.ones_like(ids), G, C, C, [config.vocab_size], 0)
                 model.train()
             mask, truncated = completion_mask(comp, [config.vocab_size])
             ro = Rollout(ids.repeat_interleave(G, 0), torch.ones(B * G, P, dtype=torch.long), comp, mask,
@@ -335,22 +386,23 @@ def cpu_check(name):
 
 
 def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
-    """Lines: the estimated peak (GB) by micro-batch with and without checkpointing, then what the
-    defaults choose: '<name> defaults: N.N GB ...'."""
+    """Lines: the estimated card memory (GB) by micro-batch with and without checkpointing, then what
+    the defaults choose (memory.plan) on one rank and on each of two: '<name> defaults: N.N GB ...'."""
     config = model_config(name)
     lines = [f"{name}: B {s.batch_size} x G {s.generation_size}, prompt {s.prompt_tokens} + completion "
              f"{s.completion_tokens} tokens, LoRA {s.lora_rank}, {'NF4 ' if s.load_in_4bit else ''}"
-             f"{'bf16' if s.dtype_bytes == 2 else 'fp32'}, {s.optimizer} (estimated peak GB)",
+             f"{'bf16' if s.dtype_bytes == 2 else 'fp32'}, {s.optimizer} (estimated GB on the card)",
              "| micro-batch | " + " | ".join(str(m) for m in micro_batches) + " |",
              "|---|" + "---|" * len(micro_batches)]
     for ckpt in (True, False):
-        peaks = [estimate(config, dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=ckpt))["peak"]
-                 for m in micro_batches]
+        peaks = [estimate(config, dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=ckpt,
+                                                      share_prompt=not ckpt))["card"] for m in micro_batches]
         lines.append(f"| checkpointing {'on' if ckpt else 'off'} | " + " | ".join(f"{p / GB:.1f}" for p in peaks) + " |")
-    m, est = fit(config, s, budget_bytes)
-    lines.append(f"{name} defaults: {est['peak'] / GB:.1f} GB ({describe(est)}) -- micro-batches of {m} of "
-                 f"{s.batch_size * s.generation_size}, checkpointing {'on' if s.gradient_checkpointing else 'off'}, "
-                 f"budget {budget_bytes / GB:.1f} GB" if m else
-                 f"{name} defaults: does not fit {budget_bytes / GB:.1f} GB even one completion at a time "
-                 f"({describe(est)})")
+    for world in (1, 2):
+        ckpt, m, est = plan(config, dataclasses.replace(s, world_size=world), budget_bytes)
+        who = f"{name} defaults" + (f", {world} ranks (per GPU)" if world > 1 else "")
+        lines.append(f"{who}: {est['card'] / GB:.1f} GB on the card ({describe(est)}) -- micro-batches of {m} of "
+                     f"{s.batch_size * s.generation_size}, checkpointing {'on' if ckpt else 'off'}, budget "
+                     f"{budget_bytes / GB:.1f} GB" if m else
+                     f"{who}: does not fit {budget_bytes / GB:.1f} GB even one completion at a time ({describe(est)})")
     return lines

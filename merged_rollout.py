@@ -2,19 +2,24 @@
 layers hold the LoRA merged into dequantized weights, with a static KV cache.
 
 For GPUs, where `generate` through bitsandbytes 4-bit layers with LoRA beside them launches several
-small kernels per projection and per token. The copy is rebuilt from the policy at every rollout
-(NF4 dequantized once per step, the current adapters merged in the sampling dtype) and freed
-after it, so the gradient pass never sees it; memory.py counts it in the sampling stage. On CUDA
-transformers compiles the decode step of a model with a static cache (torch.compile); elsewhere it
-runs eagerly. Same distribution as `generate` through the policy, up to the rounding of the merged
+small kernels per projection and per token. One copy per policy is built at its first rollout and
+kept: every later rollout writes the merged weights into it in place (NF4 dequantized once per step,
+the current adapters merged in the sampling dtype), so its tensors keep their addresses (what the
+compiled decode step and CUDA graphs were built on) and no second copy ever exists -- a copy made
+anew each step would outlive the step, since transformers' compiled call holds a reference cycle
+through the model that only the cycle collector breaks. memory.py counts the copy in every stage.
+On CUDA transformers compiles the decode step of a model with a static cache (torch.compile);
+elsewhere it runs eagerly. Same distribution as `generate` through the policy, up to the rounding of the merged
 weights (PEFT: merging LoRA into quantized weights is lossy, so the copy is dense, never re-quantized).
 
 merged_copy(model)     the plain model, or None when a layer cannot be merged (DoRA, LoRA bias)
+merged_sampler(model)  the policy's one persistent copy, refreshed in place with the current adapters
 generate_kwargs(...)   what `model.generate` is given for this path
 PAD_MULTIPLE           prompts are left-padded to a multiple of this, so the static cache (and the
                        compiled step) see few distinct lengths
 """
 import copy
+import weakref
 
 import torch
 
@@ -79,6 +84,31 @@ def merged_copy(model, dtype=None):
         raise RuntimeError(f"merged copy: no weights for {missing[:3]}")
     plain.generation_config = base.generation_config
     return plain.eval()
+
+
+_SAMPLERS = weakref.WeakKeyDictionary()         # policy -> its merged copy (gone with the policy)
+
+
+def merged_sampler(model):
+    """The policy's merged copy for this rollout: built once (merged_copy), then refreshed in place,
+    each LoRA layer's weight overwritten with dense(W) + sum scale * B A of the current adapters.
+    None when merged_copy is (a layer it cannot merge)."""
+    from peft.tuners.lora import LoraLayer
+    plain = _SAMPLERS.get(model)
+    if plain is None:
+        plain = merged_copy(model)
+        if plain is not None:
+            _SAMPLERS[model] = plain
+        return plain
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                w = plain.get_submodule(name).weight                                  # (out, in), kept
+                w.copy_(dense_weight(module.get_base_layer(), w.dtype))
+                for B, A, scale in lora_factors(module):                              # (out, r), (r, in)
+                    w.addmm_(B.to(w.dtype), A.to(w.dtype), alpha=scale)
+    return plain
 
 
 def generate_kwargs(device):

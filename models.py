@@ -130,6 +130,15 @@ def pick_dtype(name, device):
     return DTYPES[name]
 
 
+def fp32_matmuls(device, tf32):
+    """--tf32: the fp32 GEMMs of a CUDA run -- under bf16 autocast only the LM head's (three per
+    micro-batch: logits, and in backward the hidden-state and weight gradients) -- in TF32 (inputs
+    rounded to a 10-bit mantissa, fp32 accumulate and output, the tensor cores' rate) or in full fp32.
+    The log-softmax stays fp32 either way. CPUs are left as they are (their fp32 numbers never change)."""
+    if str(device).startswith("cuda"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+
+
 def checkpoint_activations(model):
     """Keep each decoder layer's input and recompute the layer in backward; non-reentrant, so it
     needs no input that requires grad (transformers 5 renamed the method)."""

@@ -12,7 +12,6 @@ import torch
 
 import cpu_rollout
 import merged_rollout
-from gtpo import token_entropy
 
 PATHS = ("auto", "generate", "shared", "merged")
 
@@ -25,7 +24,6 @@ class Rollout:
     completion_mask: torch.Tensor   # (N, L) 1 up to and including the first EOS
     truncated: torch.Tensor         # (N,) bool: no EOS within max_new_tokens
     texts: list                     # N decoded completions (special tokens dropped)
-    entropy: torch.Tensor = None    # (N, L) H_t of pi at each sampled position, if asked (with_entropy)
 
 
 def resolve_path(path, device):
@@ -55,32 +53,28 @@ def completion_mask(ids, eos):
 
 
 def generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-             top_p=1.0, with_entropy=False, **extra):
+             top_p=1.0, **extra):
     """G samples per prompt with `model.generate` over B x G copies of the prompts (top_k = 0: the
-    untruncated softmax). ids, attn (B, P) -> (tokens (B*G, L), H_t (B*G, L) of softmax(logits /
-    temperature), the sampled distribution, or None). extra: more `generate` arguments
+    untruncated softmax). ids, attn (B, P) -> tokens (B*G, L). No per-step logits are kept (a
+    paper-length completion's would be ~0.8 GB per row). extra: more `generate` arguments
     (merged_rollout.generate_kwargs)."""
     ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)   # (B*G, P)
     out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
                          top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                          eos_token_id=eos, pad_token_id=pad_id, use_cache=True, return_dict_in_generate=True,
-                         output_logits=with_entropy, **extra)
-    entropy = torch.stack([token_entropy(z / temperature) for z in out.logits], dim=1) if with_entropy else None
-    return out.sequences[:, ids.shape[1]:], entropy                              # (N, L), (N, L)
+                         **extra)
+    return out.sequences[:, ids.shape[1]:]                                       # (N, L)
 
 
 @torch.no_grad()
 def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
-            min_new_tokens=0, path="auto", merge_lora=True, with_entropy=False):
+            min_new_tokens=0, path="auto", merge_lora=True):
     """G samples per prompt text, all prompts x G rows as one batch, in eval mode.
 
     prompts: B chat-formatted strings -> Rollout with N = B * G rows, the G completions of prompt b
     in rows b*G ... b*G+G-1. path: see resolve_path; "shared" needs prompts of >= 2 tokens and
-    otherwise uses `generate`; "merged" samples from merged_rollout.merged_copy (prompts then
+    otherwise uses `generate`; "merged" samples from merged_rollout.merged_sampler (prompts then
     left-padded to a multiple of PAD_MULTIPLE). merge_lora: the shared path's merged-LoRA sampling.
-    with_entropy: also return H_t of the sampled distribution softmax(logits / temperature) at every
-    sampled position, from the logits the sampling computes anyway (what the gradient pass's
-    gtpo_logprobs.sequence_logprobs gives, without a pass).
     """
     device = next(model.parameters()).device
     path = resolve_path(path, device)
@@ -92,16 +86,16 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     was_training = model.training
     model.eval()
     if path == "shared" and ids.shape[1] > 1:
-        comp, ent = cpu_rollout.sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
-                                       temperature, top_p, merge_lora, with_entropy)
+        comp = cpu_rollout.sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
+                                  temperature, top_p, merge_lora)
     else:
-        sampler = merged_rollout.merged_copy(model) if path == "merged" else None    # freed on return
+        sampler = merged_rollout.merged_sampler(model) if path == "merged" else None  # kept, refreshed
         extra = merged_rollout.generate_kwargs(device) if sampler is not None else {}
-        comp, ent = generate(sampler or model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
-                             temperature, top_p, with_entropy, **extra)
+        comp = generate(sampler or model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
+                        temperature, top_p, **extra)
     model.train(was_training)
     mask, truncated = completion_mask(comp, eos)                                   # (N, L)
     comp = comp.masked_fill(mask == 0, pad)
     return Rollout(prompt_ids=ids.repeat_interleave(group_size, 0), prompt_mask=attn.repeat_interleave(group_size, 0),
                    completion_ids=comp, completion_mask=mask, truncated=truncated,
-                   texts=tokenizer.batch_decode(comp, skip_special_tokens=True), entropy=ent)
+                   texts=tokenizer.batch_decode(comp, skip_special_tokens=True))

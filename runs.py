@@ -201,6 +201,19 @@ def rng_state(device):
             **({"cuda": torch.cuda.get_rng_state(device)} if device.startswith("cuda") else {})}
 
 
+def repage(optimizer):
+    """A paged bitsandbytes optimizer's state back in paged (CUDA managed) memory after
+    load_state_dict, which puts it in ordinary device memory beside the parameter."""
+    if not getattr(optimizer, "is_paged", False):
+        return
+    for p, st in optimizer.state.items():
+        for k, v in st.items():
+            if torch.is_tensor(v) and v.is_cuda and v.shape == p.shape:     # state1/state2, not absmax
+                buf = optimizer.get_state_buffer(p, dtype=v.dtype)
+                buf.copy_(v)
+                st[k] = buf
+
+
 def resume(out, model, optimizer, scheduler, dist, log=print):
     """Restore the last checkpoint of `out`: weights, optimizer, scheduler, this rank's RNG.
     Returns its state dict (step, h_ini, config, ...). A run killed before its first checkpoint
@@ -221,11 +234,14 @@ def resume(out, model, optimizer, scheduler, dist, log=print):
 def restore(ckpt, model, optimizer, scheduler, dist):
     """Weights, optimizer, scheduler and this rank's RNG from checkpoint folder `ckpt`."""
     load_weights(model, ckpt)
-    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+    # to CPU first: RNG states must be CPU tensors, and the optimizer moves its state to each
+    # parameter's own device (without a map, every rank's tensors land where rank 0 saved them)
+    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location="cpu", weights_only=False)
     if state.get("world_size", 1) != dist.world:
         raise ConfigError(f"--resume: {ckpt} was written by {state.get('world_size', 1)} processes, this run "
                           f"has {dist.world}; resume with the same --nproc_per_node")
     optimizer.load_state_dict(state["optimizer"])
+    repage(optimizer)
     scheduler.load_state_dict(state["scheduler"])
     rng = state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"]
     torch.set_rng_state(rng["torch"])
@@ -260,10 +276,7 @@ class Dist:
         return self.rank == 0
 
     def wrap(self, model):
-        if self.world == 1:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(model, device_ids=[self.device] if self.device.startswith("cuda") else None)
+        return model if self.world == 1 else ddp(model, self.device)
 
     def mean(self, values):
         """Average a dict of floats over ranks; every rank must give the same keys (checked: a
@@ -292,6 +305,14 @@ class Dist:
     def close(self):
         if self.world > 1 and self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+def ddp(model, device):
+    """DistributedDataParallel whose gradients are views into its all-reduce buckets: without
+    gradient_as_bucket_view every gradient exists twice (the .grad tensors and the buckets)."""
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, device_ids=[device] if str(device).startswith("cuda") else None,
+                                   gradient_as_bucket_view=True)
 
 
 def weights_fingerprint(params):

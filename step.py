@@ -28,11 +28,12 @@ class Clock:
     """Seconds per stage: clock("generate") adds the time since the last call to that stage."""
 
     def __init__(self, device="cpu"):
-        self.cuda, self.t, self.parts = str(device).startswith("cuda"), time.perf_counter(), {}
+        self.device = torch.device(device)
+        self.cuda, self.t, self.parts = self.device.type == "cuda", time.perf_counter(), {}
 
     def __call__(self, stage):
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)             # this run's GPU, not the current one
         now = time.perf_counter()
         self.parts[stage] = self.parts.get(stage, 0.0) + now - self.t
         self.t = now
@@ -262,12 +263,17 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
 
 
 def initial_entropy(model, tok, prompts, cfg):
-    """<H>_ini (Sec. 6, Eq. 6): mean completion entropy of the untrained policy, one sample per
-    prompt, 8 prompts per rollout call; H_t from the logits the sampling computes."""
+    """<H>_i of the untrained policy (Sec. 6, Eq. 6's <H>_ini is their mean): one sample per prompt,
+    8 prompts per rollout call, then a no-grad pass of the chunked LM head over those samples (the
+    gradient pass's own function), so no step's full logits are ever kept. -> (n,) float32."""
     vals = []
     for i in range(0, len(prompts), 8):
         with autocast(model):
             ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
-                         path=cfg.rollout, merge_lora=cfg.merge_lora, with_entropy=True)
-        vals.append(gtpo.masked_mean(ro.entropy, ro.completion_mask, dim=1))
-    return torch.cat(vals).mean().item()
+                         path=cfg.rollout, merge_lora=cfg.merge_lora)
+            with torch.no_grad():
+                _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+                                           ro.completion_mask, logprob_chunk=cfg.logprob_chunk,
+                                           temperature=cfg.temperature)             # (8, L)
+        vals.append(gtpo.masked_mean(ent, ro.completion_mask, dim=1))
+    return torch.cat(vals) if vals else torch.zeros(0)

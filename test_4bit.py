@@ -146,7 +146,8 @@ def test_4bit_resume_is_bit_exact(tmp_path, tiny_dirs):
     assert train.main(_argv(tiny_dirs["untied"], b, *flags, "--resume")) == 0
     wa, wb = (load_file(os.path.join(x, "final", "adapter_model.safetensors")) for x in (a, b))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    sa, sb = (torch.load(os.path.join(x, "checkpoint-3", "trainer_state.pt"), weights_only=False) for x in (a, b))
+    sa, sb = (torch.load(os.path.join(x, "checkpoint-3", "trainer_state.pt"), map_location="cpu", weights_only=False)
+              for x in (a, b))
     for k, v in sa["optimizer"]["state"].items():
         for name, t in v.items():
             if isinstance(t, torch.Tensor):

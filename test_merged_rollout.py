@@ -78,3 +78,43 @@ def test_rollout_through_the_merged_copy(tiny_model_dir):
     assert ro.prompt_ids.shape[0] == 6 and ro.prompt_ids.shape[1] % merged_rollout.PAD_MULTIPLE == 0
     assert ro.completion_ids.shape == ro.completion_mask.shape and ro.completion_ids.shape[1] <= 6
     assert len(ro.texts) == 6 and model.training is False
+
+
+def _live_models():
+    from transformers import PreTrainedModel
+    import gc
+    return sum(issubclass(type(o), PreTrainedModel) for o in gc.get_objects())      # type(): weak proxies too
+
+
+def test_the_merged_copy_is_kept_and_refreshed_in_place_with_compile_on(tiny_model_dir, monkeypatch):
+    """--rollout merged with its CUDA setting (the compiled decode step) forced on CPU: the number of
+    live models stays the same from step to step (no copy outlives its step), the copy's weights keep
+    their addresses, and after the adapters change it computes what the policy computes."""
+    import gc
+    from transformers import CompileConfig
+    model, tok = _policy(tiny_model_dir)
+    config = CompileConfig(backend="eager")
+    config._compile_all_devices = True                                     # as on CUDA, eager backend
+    compiled = {"cache_implementation": "static", "disable_compile": False, "compile_config": config}
+    monkeypatch.setattr(merged_rollout, "generate_kwargs", lambda device: compiled)
+    gc.collect()
+    gc.disable()                        # only reference counting frees: what a step of a run relies on
+    try:
+        counts, ptrs = [], []
+        for k in range(3):
+            rollout(model, tok, ["a prompt", "a longer prompt than that"], 2, 4, path="merged")
+            plain = merged_rollout._SAMPLERS[model]
+            ptrs.append(plain.model.layers[0].self_attn.q_proj.weight.data_ptr())
+            counts.append(_live_models())
+            with torch.no_grad():                           # the policy's adapters move, as after a step
+                for n, p in model.named_parameters():
+                    if "lora_B" in n:
+                        p.add_(0.05)
+            del plain
+    finally:
+        gc.enable()
+    assert counts[0] == counts[1] == counts[2] and len(set(ptrs)) == 1, (counts, ptrs)
+    plain = merged_rollout.merged_sampler(model)            # refreshed with the latest adapters
+    ids = torch.randint(0, 1000, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)

@@ -73,7 +73,7 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli):
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(v.abs().sum() > 0 for k, v in wb.items() if "lora_B" in k)
-    state = torch.load(os.path.join(b, "checkpoint-6", "trainer_state.pt"), weights_only=False)
+    state = torch.load(os.path.join(b, "checkpoint-6", "trainer_state.pt"), map_location="cpu", weights_only=False)
     assert state["step"] == 6
 
 

@@ -174,24 +174,34 @@ def test_prefilled_rollout_gives_the_same_tokens_under_greedy(tiny_model_dir, ti
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(G, 0))
 
 
-def test_rollout_entropy_is_the_policy_pass_entropy(tiny_model_dir, tiny_lm):
-    """Rollout.entropy (with_entropy, used for <H>_ini): H_t of softmax(logits / T) from the logits the
-    sampling computed, on the decode loop (G = 1 and G = 3) and on `generate`, equals the policy
-    pass's entropy at the same temperature at every completion token."""
+@pytest.mark.parametrize("path", ["shared", "generate"])
+def test_initial_entropy_is_the_policy_pass_entropy_of_its_samples_and_keeps_no_logits(tiny_model_dir, tiny_lm,
+                                                                                      monkeypatch, path):
+    """<H>_ini's <H>_i (step.initial_entropy): H_t of softmax(logits / T) from a no-grad pass of the chunked
+    head over the samples, averaged per completion, for 8 prompts per call (here 10: two calls); and
+    `generate` is never asked to keep every step's logits."""
+    import gtpo
+    import rollout as rollout_mod
     model = tiny_lm(lora=True).eval()
     tok = load_tokenizer(tiny_model_dir)
-    prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
-    for share, G in [(True, 1), (True, 3), (False, 2)]:
-        torch.manual_seed(G)
-        path = "shared" if share else "generate"
-        ro = rollout(model, tok, prompts, G, 8, temperature=0.7, path=path, with_entropy=True)
+    prompts = [f"prompt number {i} with some words" for i in range(10)]
+    cfg = Config(dataset="arithmetic", max_completion_length=6, temperature=0.7, rollout=path)
+    calls, seen = [], []
+    real_generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: seen.append(kw.get("output_logits")) or real_generate(**kw))
+    real_rollout = step.rollout
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: calls.append(real_rollout(*a, **k)) or calls[-1])
+    h = step.initial_entropy(model, tok, prompts, cfg)
+    assert h.shape == (10,) and len(calls) == 2 and [len(ro.texts) for ro in calls] == [8, 2]
+    want = []
+    for ro in calls:
         with torch.no_grad():
             _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
-                                       temperature=0.7)                # of the distribution sampled
-        m = ro.completion_mask.bool()
-        assert ro.entropy.shape == ent.shape and m.sum() > 2 * G
-        torch.testing.assert_close(ro.entropy[m], ent[m], atol=1e-4, rtol=1e-4)
-    assert rollout(model, tok, prompts, 2, 4).entropy is None
+                                       logprob_chunk=0, temperature=0.7)          # full logits, of what was sampled
+        want.append(gtpo.masked_mean(ent, ro.completion_mask, dim=1))
+    torch.testing.assert_close(h, torch.cat(want), atol=1e-5, rtol=1e-5)
+    assert h.std() > 0 and (path == "shared") == (seen == []) and not any(seen)
+    assert step.initial_entropy(model, tok, [], cfg).shape == (0,)        # a rank with no prompt
 
 
 def test_blocked_layers_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):

@@ -118,14 +118,18 @@ def test_entropy_pass_computes_each_prompt_once_and_equals_trls_pass(tmp_path, t
 
 
 def test_flat_group_residues_give_no_conflicts_and_zero_advantage(tmp_path):
-    """TRL's ~1e-12 residues in a flat group become A = 0 exactly: no conflict masks, and only
-    Eq. 7's -gamma <H>_i on every real token (as in our own loop)."""
+    """TRL's ~1e-12 residues in a flat group become A = 0 exactly: no conflict masks. Under Eq. 7 a flat
+    group's per-token advantage is 0 (its gamma <H>_i is the loss's own term); in the released form it
+    is -gamma <H>_i on every real token (as in our own loop)."""
     ids, mask, adv = _planted(50)
-    args = _args(tmp_path)
-    per_token, m = token_advantages(ids, mask, adv, torch.full((8,), 0.3), 4, args, "off")
-    torch.testing.assert_close(per_token[4:], -0.1 * 0.3 * mask[4:].float())   # the flat group
     w, conflict, _ = gtpo.batch_conflict_weights(ids, mask, torch.cat([adv[:4], torch.zeros(4)]), 4)
     assert not conflict[4:].any() and conflict[:4].any()
+    h = torch.full((8,), 0.3)
+    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path), "off")
+    assert (per_token[4:] == 0).all()
+    torch.testing.assert_close(per_token[:4], w[:4] * adv[:4].unsqueeze(1))
+    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path, entropy_term="released"), "off")
+    torch.testing.assert_close(per_token[4:], -0.1 * 0.3 * mask[4:].float())   # the flat group
     torch.testing.assert_close(per_token[:4], w[:4] * (adv[:4] - 0.1 * 0.3).unsqueeze(1))
 
 
@@ -204,7 +208,7 @@ def test_defaults_are_the_papers(tmp_path):
     added = [f.name for f in dataclasses.fields(GTPOConfig) if f.name not in {g.name for g in dataclasses.fields(
         GTPOConfig.__mro__[1])}]
     assert sorted(added) == ["conflict_combine", "conflict_norm", "conflict_weight", "ent_gamma", "ent_threshold",
-                             "entropy_filter"]
+                             "entropy_filter", "entropy_term"]
     assert {k: getattr(a, k) for k in added} == {k: ours[k] for k in added}
 
 
@@ -292,7 +296,7 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
                         str(port), __file__, tiny_model_dir, str(tmp_path)], cwd=HERE, capture_output=True,
                        text=True, env={**ENV, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{i}.pt", map_location="cpu") for i in range(2)]
     assert [x["world"] for x in ranks] == [2, 2] and [x["rank"] for x in ranks] == [0, 1]
     a, b = ranks
     assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes

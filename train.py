@@ -23,7 +23,7 @@ from config import UNRECORDED, ConfigError, identity_keys, parse_args
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example
 from gtpo_logprobs import PolicyPass
-from models import ModelError, heap_mmap_threshold, load_model, pick_dtype
+from models import ModelError, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
 from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
                   read_json, save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)
 
@@ -35,6 +35,7 @@ BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc"
 
 def setup_model(cfg, dist, log):
     """Model (LoRA, 4-bit where asked) and tokenizer; records the LoRA rank and 4-bit actually used."""
+    fp32_matmuls(dist.device, cfg.tf32)
     model, tok, info = load_model(cfg.model, lora_rank=cfg.lora_rank, load_in_4bit=cfg.load_in_4bit,
                                   dtype=pick_dtype(cfg.dtype, dist.device), device=dist.device,
                                   gradient_checkpointing=cfg.gradient_checkpointing, log=log)
@@ -63,25 +64,36 @@ def load_records(cfg, tok, log):
     return records, example
 
 
-def plan_memory(cfg, model, prompt_tokens, device, log):
-    """On CUDA, one line before the first step: the step's estimated peak GPU memory (memory.py)
-    against the budget, and the micro-batch it allows (the largest that fits, unless given)."""
+def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
+    """On CUDA, before the first step: checkpointing (unless given) and the micro-batch (the largest that
+    fits, unless given), decided by the estimated memory (memory.plan), and one line saying so."""
     if not str(device).startswith("cuda"):
         return
     import memory
+    from models import checkpoint_activations
     budget = (cfg.memory_budget_gb * 1e9 if cfg.memory_budget_gb else
-              0.9 * torch.cuda.get_device_properties(device).total_memory)
-    s = memory.Settings.from_config(cfg, prompt_tokens, model.get_input_embeddings().weight.element_size())
-    if cfg.micro_batch_size is None:
-        m, est = memory.fit(model.config, s, budget)
-        if m is None:
-            raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
-                              f"(estimate {memory.describe(est)}): lower --max_completion_length or "
-                              f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
-        cfg.micro_batch_size = m
-    est = memory.estimate(model.config, dataclasses.replace(s, micro_batch_size=cfg.micro_batch_size))
-    log(f"memory: estimated peak {est['peak'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
-        f"{cfg.micro_batch_size or s.batch_size * s.generation_size} completions, checkpointing "
+              torch.cuda.get_device_properties(device).total_memory)
+    s = memory.Settings.from_config(cfg, prompt_tokens, model.get_input_embeddings().weight.element_size(), world)
+    if cfg.micro_batch_size == 0:                       # "all at once", given
+        s = dataclasses.replace(s, micro_batch_size=s.batch_size * s.generation_size)
+    if cfg.gradient_checkpointing is None:
+        ckpt, m, est = memory.plan(model.config, s, budget)
+        cfg.gradient_checkpointing = ckpt
+        if ckpt:
+            checkpoint_activations(model.get_base_model() if hasattr(model, "get_base_model") else model)
+            cfg.share_prompt = False                    # checkpointed layers cannot keep a KV cache
+    else:
+        m, est = memory.fit(model.config, s, budget) if cfg.micro_batch_size is None else (cfg.micro_batch_size, None)
+    if m is None:
+        raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
+                          f"(estimate {memory.describe(est)}): lower --max_completion_length or "
+                          f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
+    cfg.micro_batch_size = m
+    s = dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=cfg.gradient_checkpointing,
+                            share_prompt=cfg.share_prompt)
+    est = memory.estimate(model.config, s)
+    log(f"memory: estimated {est['card'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
+        f"{m or s.batch_size * s.generation_size} completions, checkpointing "
         f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
 
 
@@ -117,11 +129,13 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
         return
     recs = records[:cfg.ent_ini_prompts]
     if state.get("h_ini") is None:
-        prompts = [format_prompt(tok, r["question"], example) for r in recs]
+        mine = recs[dist.rank::dist.world]                # each rank its share of the prompts
+        prompts = [format_prompt(tok, r["question"], example) for r in mine]
         cuda = [dist.device] if str(dist.device).startswith("cuda") else []
         with torch.random.fork_rng(devices=cuda):       # its own draws: the training stream is left as it was,
             h = step.initial_entropy(model, tok, prompts, cfg)    # so every method samples alike from step 1
-        state["h_ini"] = dist.mean({"h": h})["h"]
+        total = dist.mean({"sum": h.sum().item(), "n": len(h)})  # ranks' means of sums and counts: their ratio
+        state["h_ini"] = total["sum"] / total["n"]
     cfg.h_ini = state["h_ini"]
     log(f"<H>_ini = {cfg.h_ini:.3f} over {len(recs)} prompts {'<' if cfg.gate == 'all' else '>='} ln 2 "
         f"-> entropy filter {cfg.gate} (Eq. 6)")
@@ -170,7 +184,7 @@ def train(cfg, dist, stop):
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, log)
     if str(dist.device).startswith("cuda"):
-        plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log)
+        plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log, dist.world)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -323,6 +337,9 @@ def finish(cfg, model, tok, params, dist, log):
 
 
 def main(argv=None):
+    # completions of 1 to 1,500 tokens leave differently sized blocks every step; expandable segments
+    # let the allocator grow one segment instead of fragmenting (read at the first CUDA allocation)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     cfg = parse_args(argv, __doc__)
     stop, dist = StopFlag(), Dist(cfg.device)
     try:
