@@ -48,7 +48,10 @@ class Config:
     # ---- the paper's recipe (Listing 1)
     method: str = flag("gtpo", "set by --use_gtpo (default), --use_grpo or --use_sft", group=None)
     model: str = flag("smollm2-135m", "alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
-    dataset: str = flag("arithmetic", f"{', '.join(TASKS)} (built-in), or a .jsonl path")
+    dataset: str = flag("arithmetic", f"{', '.join(TASKS)} (built-in), or a .jsonl path (README: its fields)")
+    task: str = flag("auto", "how answers are compared: auto = the dataset's own (a .jsonl file: numbers where the "
+                     "reference is one, LaTeX with math-verify otherwise), numeric, or latex",
+                     choices=["auto", "numeric", "latex"])
     batch_size: int = flag(1, "PROMPTS per optimizer step; each gets --generation_size completions")
     generation_size: int = flag(12, "G, completions per prompt")
     epochs: int = flag(1, "passes over the training prompts")
@@ -145,9 +148,9 @@ class Config:
     h_ini: float = flag(None, "<H>_ini measured at setup (Sec. 6), which Eq. 6's auto filter reads", group=None)
 
     @property
-    def task(self):
-        """The reward's task name (gtpo_rewards.score)."""
-        return task_name(self.dataset)
+    def reward_task(self):
+        """The task rewards.reward compares answers by: --task, or with "auto" the dataset's name."""
+        return task_name(self.dataset) if self.task == "auto" else self.task
 
     @property
     def gate(self):
@@ -250,5 +253,5 @@ def finish(cfg):
     if cfg.gradient_checkpointing:
         cfg.share_prompt = False                        # checkpointed layers cannot keep a KV cache
     if cfg.output_dir is None:
-        cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{cfg.task}")
+        cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{task_name(cfg.dataset)}")
     return cfg

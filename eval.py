@@ -9,7 +9,7 @@
     python eval.py --curves runs/*/metrics.jsonl      # training curves overlaid (curves.png)
     python eval.py --drift runs/grpo-x --limit 16 --n_samples 2   # KL to the run's start, per checkpoint
 
-Each problem gets n completions, scored by the training reward (gtpo_rewards.score: formatting and
+Each problem gets n completions, scored by the training reward (rewards.reward: formatting and
 correctness separately). pass@k is the unbiased estimator of Chen et al. 2021; maj@k is the
 probability that the most frequent answer among k of the n samples is correct, with answers
 grouped by the same equivalence used for correctness (so `0.5` and `\\frac12` are one vote).
@@ -28,7 +28,7 @@ import conflicts
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype, quiet_peft
-from gtpo_rewards import answers_equal, extract_answer, score
+from rewards import answers_equal, extract_answer, reward
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 
@@ -174,7 +174,7 @@ def resumable_rows(path, records, n, per_call=1, log=print):
 def rescore_rows(rows):
     """Recompute extracted answer and rewards of saved completions with the current reward code."""
     for r in rows:
-        _, fmt, cor = score([r["completion"]], [r["reference"]], r["task"])
+        _, fmt, cor = reward([r["completion"]], [r["reference"]], r["task"])
         r.update(answer=extract_answer(r["completion"]), format=fmt.item(), correct=cor.item())
     return rows
 
@@ -335,7 +335,7 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
                 lengths[j] += lens[j * m:(j + 1) * m]
                 trunc[j] += ro.truncated[j * m:(j + 1) * m].tolist()
         for j, (p, r) in enumerate(group):
-            _, fmt, cor = score(texts[j], [r["answer"]] * n, task)
+            _, fmt, cor = reward(texts[j], [r["answer"]] * n, task)
             for i in range(n):
                 row = {"problem": p, "sample": i, "task": task, "question": r["question"],
                        "reference": r["answer"], "completion": texts[j][i], "answer": extract_answer(texts[j][i]),
@@ -390,6 +390,8 @@ def parse_args(argv=None):
     a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
     a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
     a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, amc23, arithmetic, or a .jsonl path")
+    a("--task", default="auto", choices=["auto", "numeric", "latex"],
+      help="how answers are compared (train.py's --task): auto = the dataset's own")
     a("--split", default="test", help="dataset split (default test)")
     a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl (default $GTPO_DATA_DIR, then the Hub)")
     a("--limit", type=int, default=None, help="evaluate the first N problems only")
@@ -476,14 +478,14 @@ def sampled(args):
     records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
     if not records:
         raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
-    task = task_name(args.dataset)
+    task = task_name(args.dataset) if args.task == "auto" else args.task
     args.one_shot_from, example = one_shot(args, args.model)
     ks = args.k or default_ks(args.n_samples)
     check_ks(ks, args.n_samples)                        # before any sampling time is spent
     seed = args.seed
     if args.output_dir is None:
         tag = f"-{os.path.basename(os.path.dirname(os.path.abspath(args.adapter)))}" if args.adapter else ""
-        args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task}{tag}")
+        args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task_name(args.dataset)}{tag}")
     out = args.output_dir
     samples_path = os.path.join(out, "samples.jsonl")
     done = []

@@ -224,10 +224,10 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
     try:
         from data import arithmetic_task, format_prompt, one_shot_example
         from models import load_model
+        from rewards import trl_reward
     except ModuleNotFoundError as e:
         raise ModuleNotFoundError(f"the example runs from a clone of the repository ({e}): git clone the "
                                   "project and run `python gtpo_trl.py` there") from e
-    from gtpo_rewards import score
     torch.manual_seed(3407)
     model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
     recs = arithmetic_task("train")
@@ -235,17 +235,14 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
     ds = Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
                             for r in recs[1:]])
 
-    def reward(completions, answer, **_):
-        return score(completions, answer, "arithmetic")[0].tolist()
-
     settings = dict(output_dir=output_dir, max_steps=max_steps, learning_rate=2e-4, num_generations=8,
                     per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
                     logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
                     adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
                     warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
     config, trainer = {"gtpo": (GTPOConfig, GTPOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[method]
-    return trainer(model=model, processing_class=tok, reward_funcs=[reward], args=config(**{**settings, **kw}),
-                   train_dataset=ds)
+    return trainer(model=model, processing_class=tok, reward_funcs=[trl_reward("arithmetic")],
+                   args=config(**{**settings, **kw}), train_dataset=ds)
 
 
 def main():

@@ -20,7 +20,7 @@ import gtpo
 from data import format_prompt, tagged_solution
 from gtpo_logprobs import sequence_logprobs
 from models import autocast
-from gtpo_rewards import score
+from rewards import reward
 from rollout import rollout
 
 
@@ -129,8 +129,7 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
 # -----------------------------------------------------------------------------
 # RL step
 
-def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, reward_fn=None,
-            conflict_log=None):
+def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, conflict_log=None):
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
@@ -149,7 +148,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
     refs, counts = [a for a in answers for _ in range(G)], {}
-    total, fmt, cor = reward_fn(ro.texts, refs, cfg.task) if reward_fn else score(ro.texts, refs, cfg.task, counts)
+    total, fmt, cor = reward(ro.texts, refs, cfg.reward_task, counts)                # rewards.py
     adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
     clock("reward")
     # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
@@ -163,7 +162,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
     h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
-    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (gtpo_rewards.py)
+    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
     if gated is not None:
         frac, h_dropped = gtpo.filtered_stats(adv, gated, h) if cfg.gate != "off" else (0.0, 0.0)
         m.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped})

@@ -1,6 +1,6 @@
 """The CPU-scale study: GTPO vs GRPO vs SFT on the embedded SmolLM2-135M and the arithmetic task.
 docs/study.md declares its questions, arms, metrics, tests, verdict rules and budget; this file
-holds its run table and runs it; study_report.py computes the report from the committed files.
+holds its run table and runs it; study/report.py computes the report from the committed files.
 
 RUNS below is the main and long parts, one line per configuration. Each seed has one SFT warm-up
 per start (WARMUPS: the main part's 4 steps; the long part's longer one, which brings <H>_ini below
@@ -18,11 +18,13 @@ Resumable at every level, any number of times: finished steps are skipped, an in
 continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
 whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save.
 
-    python study.py --shard 0/2 & python study.py --shard 1/2 & wait   # two workers, one thread each
-    python study.py --shard 0/2 --threads 1 --only warmup-collapse,pilot,collapse &   # the collapse part ...
-    python study.py --shard 1/2 --threads 1 --only warmup-collapse,pilot,collapse &   # ... on two workers
-    python study.py --list                            # the table and how far each run is
-    python study.py --report                          # tables + plots from the committed files (study_report.py)
+From the repository root:
+
+    python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
+    python -m study.run --shard 0/2 --threads 1 --only q6 &     # one part (Q6) and the warm-ups it starts from ...
+    python -m study.run --shard 1/2 --threads 1 --only q6 &     # ... on two workers
+    python -m study.run --list                        # the table and how far each run is
+    python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
 Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the report reads is
 copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
@@ -42,9 +44,9 @@ import time
 import runs
 from data import read_jsonl
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+KEEP = os.path.dirname(os.path.abspath(__file__))      # small files, committed: study/<run>/
+HERE = os.path.dirname(KEEP)                           # the repository root, where train.py runs
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
-KEEP = os.path.join(HERE, "study")                     # small files, committed
 
 # -----------------------------------------------------------------------------
 # the run table
@@ -463,7 +465,7 @@ def main(argv=None):
             return 0
         if n > 1:
             return 0                                    # the report once all workers are done: --report
-    return subprocess.call([sys.executable, os.path.join(HERE, "study_report.py")])   # it imports this file
+    return subprocess.call([sys.executable, "-m", "study.report"], cwd=HERE)      # it imports this file
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 
 import step
 import train
-from conftest import grads
+from conftest import HERE, grads
 from models import load_tokenizer
 from rollout import completion_mask, rollout
 
@@ -56,7 +56,7 @@ def _run(tmp_path, tiny_args, monkeypatch, *extra):
     def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(step, "score", fake_score)
+    monkeypatch.setattr(step, "reward", fake_score)
     out = str(tmp_path / "run")
     argv = tiny_args(out, max_steps=1, max_completion_length=8, lr=1e-2, optimizer="adamw_torch", adam_beta1=0.9,
                      adam_beta2=0.95, warmup_ratio=0) + list(extra)
@@ -183,7 +183,7 @@ def test_help_shows_the_real_defaults_grouped(capsys):
 
 def test_every_flag_is_documented_in_docs_training():
     from config import build_parser
-    with open(os.path.join(os.path.dirname(__file__), "docs", "training.md")) as f:
+    with open(os.path.join(HERE, "docs", "training.md")) as f:
         doc = f.read()
     flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
     assert len(flags) > 40 and [s for s in flags if f"`{s}`" not in doc] == []
@@ -447,8 +447,7 @@ def test_heap_mmap_threshold_returns_freed_tensors_to_the_os():
     glibc's own behaviour) they stay in its heap. Each case in a fresh process."""
     import subprocess
     import sys
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = {mb: subprocess.run([sys.executable, "-c", HEAP_PROBE, mb], capture_output=True, text=True, cwd=here,
+    out = {mb: subprocess.run([sys.executable, "-c", HEAP_PROBE, mb], capture_output=True, text=True, cwd=HERE,
                               check=True).stdout.split() for mb in ("1", "0")}
     assert out["1"][0] == "True" and float(out["1"][1]) > 150         # ~200 MB of 400 MB freed went back
     assert out["0"][0] == "False" and float(out["0"][1]) < 50
@@ -573,9 +572,8 @@ def test_every_torch_load_names_its_device():
     """A checkpoint read without map_location lands on the device that saved it (rank 0's GPU for every
     rank, and RNG states that torch.set_rng_state refuses): every call in the project maps."""
     import ast
-    root = os.path.dirname(os.path.abspath(__file__))
     calls = []
-    for dirpath, dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(HERE):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("runs", "build")]
         for f in files:
             if f.endswith(".py"):

@@ -106,10 +106,11 @@ def setup(args, folder, extra=()):
 
 def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
     """step.rl_step + clip + optimizer step, `tokens` forced -> (metrics, PeakClock)."""
-    from bench import spread_score
+    from bench.common import spread_rewards
     cfg = dataclasses.replace(cfg, max_completion_length=tokens, min_new_tokens=tokens)
     clock = PeakClock(cfg.device, optimizer)
-    m, _, _ = steps.rl_step(model, model, tok, [prompt], [answer], cfg, clock=clock, reward_fn=spread_score)
+    with spread_rewards():
+        m, _, _ = steps.rl_step(model, model, tok, [prompt], [answer], cfg, clock=clock)
     m["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -121,7 +122,7 @@ def sampling(args, cfg, model, tok, prompt, res):
     """Part 1: each sampler's seconds (the merged copy's build included), tokens/s and peak for G
     rows of --gpu_sample_tokens forced tokens; the first call of each warms up (or compiles)."""
     import merged_rollout
-    from bench import memory_bandwidth
+    from bench.common import memory_bandwidth
     from rollout import eos_ids, generate
     L, G = args.gpu_sample_tokens, cfg.generation_size
     bandwidth = memory_bandwidth(args.device)
@@ -226,7 +227,7 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
 def run(args, res):
     """bench.py's `gpu` part (module docstring)."""
     import train
-    from bench import bench_prompt
+    from bench.common import bench_prompt
     if args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # lets part 3 try deterministic cuBLAS
     t0 = time.time()

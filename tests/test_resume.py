@@ -400,7 +400,7 @@ def _tiny(tmp_path, tiny_args, *extra):
 
 
 def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monkeypatch):
-    monkeypatch.setattr(step, "score", lambda texts, answers, task, counts=None: (torch.full((len(texts),), 10.0),) * 2
+    monkeypatch.setattr(step, "reward", lambda texts, answers, task, counts=None: (torch.full((len(texts),), 10.0),) * 2
                         + (torch.zeros(len(texts)),))
     # GRPO: zero advantages, so the step applies a zero gradient
     assert _tiny(tmp_path, tiny_args, "--max_steps", "2", "--use_grpo") == 0
@@ -417,7 +417,7 @@ def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monke
 
 
 def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_args, monkeypatch):
-    monkeypatch.setattr(step, "score", lambda texts, answers, task, counts=None: (torch.arange(len(texts)) % 2 * 10.0,) * 2
+    monkeypatch.setattr(step, "reward", lambda texts, answers, task, counts=None: (torch.arange(len(texts)) % 2 * 10.0,) * 2
                         + (torch.zeros(len(texts)),))
     real = gtpo.gtpo_loss
     calls = {"n": 0}
@@ -451,7 +451,7 @@ rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task, counts=None):          # rank 0 rewards 0,1,2,0 ; rank 1 the same + 10
     r = (torch.arange(len(texts)) % 3).float() + 10 * rank
     return r, r, torch.zeros_like(r)
-step.score = fake_score
+step.reward = fake_score
 sys.exit(train.main(sys.argv[1:]))
 '''
 
@@ -464,7 +464,7 @@ rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task, counts=None):          # spread within each group on both ranks
     r = (torch.arange(len(texts)) % 3).float() + rank
     return r, r, torch.zeros_like(r)
-step.score = fake_score
+step.reward = fake_score
 keys, mean = [], runs.Dist.mean
 def record(self, values):                                   # the metric keys each rank averages
     keys.append(sorted(values))

@@ -7,7 +7,7 @@ import pytest
 
 from data import (SYSTEM_PROMPT, DataError, arithmetic_task, build_messages, last_boxed, load_task,
                   split_gsm8k, tagged_solution, to_record)
-from gtpo_rewards import score
+from rewards import score
 
 DATA = os.environ.get("GTPO_DATA_DIR")
 

@@ -1,4 +1,4 @@
-"""gpu_bench.py through `bench.py --parts gpu`, dry-run on CPU on the tiny shape: the three parts
+"""bench/gpu.py through `python -m bench --parts gpu`, dry-run on CPU on the tiny shape: the three parts
 run the code a GPU runs and print their tables; on CPU the same 3 steps twice are identical."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from conftest import ENV, HERE
 
 def test_gpu_part_dry_run_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "bench.py", "--parts", "gpu", "--gpu_shape", "tiny", "--gpu_sample_tokens", "4",
+    r = subprocess.run([sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_shape", "tiny", "--gpu_sample_tokens", "4",
                         "--gpu_step_tokens", "8", "--gpu_det_tokens", "4", "--flags", "--generation_size 4",
                         "--out", str(out)], cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -34,6 +34,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
     from test_step import _fixed_rollout
     tok = load_tokenizer(tiny_model_dir)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, entropy_filter="off",
                  logprob_chunk=4, micro_batch_size=2)
     out = {}
@@ -44,7 +45,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
         ro = dataclasses.replace(ro, **{k: getattr(ro, k).to(device) for k in
                                         ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")})
         monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
-        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
         out[device] = (m["loss"], {n: g.cpu() for n, g in grads(model).items()})
     assert out["cuda"][0] == pytest.approx(out["cpu"][0], abs=1e-5)
     for n, g in out["cpu"][1].items():
@@ -76,7 +77,7 @@ def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, nf4_dir, monkeypatch,
     def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(step, "score", fake_score)
+    monkeypatch.setattr(step, "reward", fake_score)
     out = str(tmp_path / "run")
     assert train.main(["--model", nf4_dir, "--output_dir", out, "--max_steps", "2", "--device", "cuda",
                        "--generation_size", "4", "--max_completion_length", "8", "--lora_rank", "4", "--no-one_shot",

@@ -1,4 +1,4 @@
-"""Tests for gtpo_rewards.py: hand-written tricky cases and acceptance checks on the real
+"""Tests for rewards.py: hand-written tricky cases and acceptance checks on the real
 datasets in $GTPO_DATA_DIR (../shared/data in CI; skipped with a reason if absent)."""
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from gtpo_rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number,
+from rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number,
                      score)
 
 DATA = os.environ.get("GTPO_DATA_DIR")
@@ -235,9 +235,9 @@ def test_fuzz_numeric_fast_tier():
 def test_fuzz_1000_hostile_completions():
     """1,000 seeded hostile completions on the numeric reward and 120 on math-verify's: no exception,
     every batch of 24 within its bound (math: the batch budget + one timeout + a worker restart)."""
-    import gtpo_rewards
+    import rewards
     assert _fuzz(1000, "gsm8k", seed=2) < 2.0
-    bound = gtpo_rewards.LATEX_BATCH_SECONDS + gtpo_rewards.LATEX_TIMEOUT + 15
+    bound = rewards.LATEX_BATCH_SECONDS + rewards.LATEX_TIMEOUT + 15
     assert _fuzz(120, "math", seed=3) < bound
 
 
@@ -247,15 +247,15 @@ def test_tower_from_a_worker_thread_returns_within_the_bound():
     signal timeout cannot act there, the worker process is killed instead."""
     import threading
     import time
-    import gtpo_rewards
+    import rewards
     box = []
     t = time.perf_counter()
     th = threading.Thread(target=lambda: box.append(score([wrap("9^{9^{9^{9^{9}}}}")], ["5"], "math", {})),
                           daemon=True)
     th.start()
-    th.join(gtpo_rewards.LATEX_TIMEOUT + 60)
+    th.join(rewards.LATEX_TIMEOUT + 60)
     assert not th.is_alive() and box[0][2].item() == 0.0
-    assert time.perf_counter() - t < gtpo_rewards.LATEX_TIMEOUT + 60
+    assert time.perf_counter() - t < rewards.LATEX_TIMEOUT + 60
 
 
 def slow_start_worker():
@@ -263,13 +263,13 @@ def slow_start_worker():
     math-verify, as a first start may on a loaded machine."""
     import subprocess
     import sys
-    import gtpo_rewards
+    import rewards
 
-    class Slow(gtpo_rewards.LatexWorker):
+    class Slow(rewards.LatexWorker):
         def _spawn(self):
             code = ("import runpy, sys, time; time.sleep(9); sys.argv = [sys.argv[1], '--serve-latex']; "
                     "runpy.run_path(sys.argv[0], run_name='__main__')")
-            self.proc = subprocess.Popen([sys.executable, "-c", code, gtpo_rewards.__file__], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-c", code, rewards.__file__], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
             self.ready = False
     return Slow()
@@ -279,7 +279,7 @@ def slow_start_worker():
 def test_the_first_worker_start_counts_in_no_answers_time(monkeypatch):
     """The program's first math-verify process is setup: a start slower than the per-answer and
     per-batch bounds still scores the first answers (no `guarded`); a restart later counts."""
-    import gtpo_rewards
+    import rewards
     worker = slow_start_worker()
     monkeypatch.setattr(gtpo_rewards, "_WORKER", worker)
     counts = {}
@@ -287,7 +287,7 @@ def test_the_first_worker_start_counts_in_no_answers_time(monkeypatch):
     assert cor.item() == 10.0 and counts == {"guarded": 0}
     worker.proc.kill()
     worker.proc.wait()
-    assert gtpo_rewards.latex_equal("\\sqrt{2}", "2^{1/2}", timeout=1.0) is None     # a restart: 9 s > 1 s
+    assert rewards.latex_equal("\\sqrt{2}", "2^{1/2}", timeout=1.0) is None     # a restart: 9 s > 1 s
     worker.proc.kill()
 
 
@@ -295,7 +295,7 @@ UNGUARDED = """
 import sys, threading
 sys.path.insert(0, {here!r})
 print("top level runs", flush=True)
-from gtpo_rewards import score
+from rewards import score
 def run():
     total, fmt, cor = score(["<reasoning>r</reasoning><answer>\\\\dfrac{{\\\\sqrt{{3}}}}{{2}}</answer>"],
                             ["\\\\frac{{\\\\sqrt3}}{{2}}"], "math")      # no number: math-verify decides

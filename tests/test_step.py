@@ -75,13 +75,14 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
     ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
     base = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                            entropy_filter="off", logprob_chunk=4)
     results = {}
     for share, mb in [(False, 0), (True, 0), (True, 2), (True, 4), (False, 4)]:
         model.zero_grad()
         cfg = dataclasses.replace(base, share_prompt=share, micro_batch_size=mb)
-        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
         results[(share, mb)] = (m, grads(model))
     m0, g0 = results[(False, 0)]
     assert any(v.abs().sum() > 0 for n, v in g0.items() if "lora_A" in n)
@@ -99,9 +100,10 @@ def _rl_grads(model, tok, monkeypatch, **flags):
     ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, **flags)
     model.zero_grad()
-    m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+    m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
     return m, grads(model)
 
 
@@ -134,6 +136,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir
     tok = load_tokenizer(tiny_model_dir)
     B, G = 2, 3
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                  entropy_filter="off", logprob_chunk=4, share_prompt=False, micro_batch_size=4)
     results = {}
@@ -145,7 +148,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir
         model.train()
         ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
         monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
-        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg, reward_fn=reward)
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
         results[ckpt] = (m, grads(model))
     (m0, g0), (m1, g1) = results[False], results[True]
     assert g0.keys() == g1.keys() and any(v.abs().sum() > 0 for v in g0.values())

@@ -8,7 +8,14 @@
                  with math-verify. Never a substring test: the released code's
                  `str(true) in str(pred)` marks "1" correct for "10".
 
-score(completions, answers, task) -> (total, formatting, correctness) float tensors.
+reward(completions, answers, task)  the one entry point: train.py's step, eval.py and GTPOTrainer
+                                    (trl_reward) all call it; a term added to its total reaches all
+                                    three (README "Changing the reward")
+score(completions, answers, task)   the paper's two terms -> (total, formatting, correctness)
+trl_reward(task)                    reward() as a TRL reward function (reward_funcs=[trl_reward("gsm8k")])
+
+task: a dataset name ("gsm8k", "math", ...; a local file's name) or the comparison itself, "numeric"
+or "latex" (train.py --task). Installed with `pip install .`, this file is the module gtpo_rewards.
 No printing, no logging.
 
 The completions are the policy's own output, so the reward bounds its cost on any text: the format
@@ -117,7 +124,7 @@ def numbers_equal(pred, ref):
 # LaTeX answers (MATH) with math-verify
 
 def _serve():
-    """The child process (`python gtpo_rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
+    """The child process (`python rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
     verdict line ("1" / "0") back, with math-verify, until stdin closes."""
     logging.disable(logging.CRITICAL)              # math-verify logs whole inputs on its own timeouts
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -223,33 +230,43 @@ def latex_equal(pred, ref, timeout=LATEX_TIMEOUT):
     return _WORKER.compare(pred, ref, timeout)
 
 
+def comparison(task, ref):
+    """How an answer to `ref` is compared: "numeric" or "latex". A built-in dataset's own; "numeric" /
+    "latex" as given; a local dataset's by its reference: numbers when it parses as one, else LaTeX."""
+    if task in ("numeric", "latex"):
+        return task
+    if task in NUMERIC_TASKS:
+        return "numeric"
+    if task in LATEX_TASKS:
+        return "latex"
+    return "numeric" if parse_number(ref) is not None else "latex"
+
+
 def answers_equal(pred, ref, task, timeout=LATEX_TIMEOUT):
-    """Correctness test for one extracted answer, selected by task name: True / False, or None
-    when the answer was refused unparsed (longer than MAX_ANSWER_CHARS, or math-verify out of time)."""
+    """Correctness test for one extracted answer (comparison(task, ref)): True / False, or None when
+    the answer was refused unparsed (longer than MAX_ANSWER_CHARS, or math-verify out of time)."""
     if pred is None:
         return False
     if len(pred) > MAX_ANSWER_CHARS:
         return None
-    if task in NUMERIC_TASKS:
+    if comparison(task, ref) == "numeric":
         return numbers_equal(pred, ref)
-    if task in LATEX_TASKS:
-        return latex_equal(pred, ref, timeout)
-    # a local dataset: numbers when the reference is a number, LaTeX otherwise
-    return numbers_equal(pred, ref) if parse_number(ref) is not None else latex_equal(pred, ref, timeout)
+    return latex_equal(pred, ref, timeout)
 
 
 def score(completions, answers, task, counts=None):
-    """Batch reward: (total, formatting, correctness), each a float32 tensor (N,).
+    """The paper's reward (App. 16.1) on a batch: (total, formatting, correctness), each a float32
+    tensor (N,), total = formatting + correctness.
 
     completions: list of N strings; answers: list of N reference answers (repeat each
-    prompt's answer G times); task: dataset name ("gsm8k", "math", "aime24", ...).
+    prompt's answer G times); task: see the module docstring.
     counts: a dict that gets "guarded" += the answers scored wrong unparsed (too long, or
     math-verify out of time or past the batch's LATEX_BATCH_SECONDS).
     """
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
     fmt = torch.tensor([format_reward(c) for c in completions], dtype=torch.float32)
-    if task not in NUMERIC_TASKS:
+    if any(comparison(task, a) == "latex" for a in answers):
         _WORKER.start()                                  # before the batch's clock starts
     deadline, verdicts = time.monotonic() + LATEX_BATCH_SECONDS, []
     for c, a in zip(completions, answers):
@@ -259,6 +276,24 @@ def score(completions, answers, task, counts=None):
         counts["guarded"] = counts.get("guarded", 0) + sum(v is None for v in verdicts)
     cor = torch.tensor([CORRECT if v else 0.0 for v in verdicts], dtype=torch.float32)
     return fmt + cor, fmt, cor
+
+
+def reward(completions, answers, task, counts=None):
+    """The reward every caller uses -- train.py's step (Eq. 8's R_i), eval.py and GTPOTrainer
+    (trl_reward): (total, formatting, correctness), each a float32 tensor (N,). The paper's total is
+    formatting + correctness (score); add a term to `total` here and training, evaluation and TRL all
+    see it (eval.py's pass@k still counts correctness alone). Arguments as score's."""
+    total, fmt, cor = score(completions, answers, task, counts)
+    return total, fmt, cor
+
+
+def trl_reward(task):
+    """reward() as a TRL reward function, for GRPOTrainer / GTPOTrainer's reward_funcs: the dataset's
+    `answer` column is the reference (TRL passes a dataset's extra columns by name)."""
+    def paper_reward(completions, answer, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]   # conversational too
+        return reward(texts, answer, task)[0].tolist()
+    return paper_reward
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]:

@@ -1,12 +1,12 @@
-"""study.py and study_report.py: the run table gives every run the same budget, the statistics and verdict rule of
+"""study/run.py and study/report.py: the run table gives every run the same budget, the statistics and verdict rule of
 docs/study.md, and a report recomputed from the committed small files alone."""
 import json
 import os
 
 import pytest
 
-import study
-import study_report
+from study import report as study_report
+from study import run as study
 
 
 def test_run_table_same_budget_and_warm_ups_first():

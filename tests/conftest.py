@@ -9,13 +9,9 @@ import torch
 
 from models import embedded_model_dir, load_tokenizer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
 DATA_DIR = os.environ.get("GTPO_DATA_DIR")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def pytest_configure(config):
-    pass
 
 
 def pytest_collection_modifyitems(config, items):

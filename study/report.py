@@ -1,7 +1,7 @@
 """The study's report: every table and figure of docs/results.md from the committed files in study/
-alone (study.py runs the plan and copies them there; docs/study.md declares the tests and rules).
+alone (study/run.py runs the plan and copies them there; docs/study.md declares the tests and rules).
 
-    python study_report.py                # = python study.py --report
+    python -m study.report                # = python -m study.run --report
 
 Sections: the questions (Q1-Q3 and the first design re-tested: paired units, sign-flip p,
 problem-level interval, verdict); Q4 and the collapse part (the pilot ladder, the test, Fisher's
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import runs
-from study import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, RUNS, TEST_SEEDS, collapse_jobs,
+from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, RUNS, TEST_SEEDS, collapse_jobs,
                    collapse_step, jobs, load, trailing)
 
 

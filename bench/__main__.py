@@ -1,8 +1,10 @@
 """Benchmarks: the cost of every stage, printed as a table and written to bench.json.
 
-    python bench.py                     # all three parts on CPU (6.5 minutes on 2 cores)
-    python bench.py --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
-    python bench.py --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
+    python -m bench                     # all three parts on CPU (6.5 minutes on 2 cores), from the root
+    python -m bench --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
+    python -m bench --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
+    python -m bench --parts memory      # a step's GPU memory, estimated without a GPU (memory.py)
+    python -m bench --parts gpu --device cuda --gpu_parts step   # the paper's step on a GPU (bench/gpu.py)
 
 1. conflict   gtpo.conflict_weights against a vocabulary-indexed implementation in the style of the
               paper's Listing 2 (bincount over t * V + token keys), at the paper's scale
@@ -23,7 +25,7 @@
 4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
               forced tokens, micro-batches of 4, default against plain; one round after a warm-up.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
-5. reward     (only with --parts reward) gtpo_rewards.score on hostile completions, each in a fresh
+5. reward     (only with --parts reward) rewards.score on hostile completions, each in a fresh
               process; a batch of 24 hostile MATH completions; a case scored from a worker thread.
 6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
               same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), a fresh
@@ -45,7 +47,10 @@ import time
 import torch
 
 import gtpo
+from bench.common import bench_prompt, memory_bandwidth, spread_rewards
 from models import heap_mmap_threshold, load_model, pick_dtype
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MB = 2 ** 20
 
@@ -86,9 +91,9 @@ def in_child(probe, cfg, device):
     """Run a probe in a fresh process on CPU (a clean peak-RSS counter); in-process on CUDA."""
     if device.startswith("cuda"):
         return PROBES[probe](cfg, device)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", probe, "--probe_cfg", json.dumps(cfg),
-                        *CHILD_FLAGS],
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    r = subprocess.run([sys.executable, "-m", "bench", "--probe", probe, "--probe_cfg", json.dumps(cfg), *CHILD_FLAGS],
+                       capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
     if r.returncode != 0:
         raise RuntimeError(f"probe {probe} {cfg} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -256,40 +261,6 @@ def floor_step(model, tok, prompt, new_tokens, G, device, clock):
     clock("backward")
 
 
-def spread_score(texts, answers, task):
-    """The real reward; a group whose rewards are all equal gets a fixed spread added, so that
-    every timed step does the same work (a zero advantage would skip nothing, but keeps it honest)."""
-    from gtpo_rewards import score
-    total, fmt, cor = score(texts, answers, task)
-    if total.std() == 0:
-        total = total + torch.linspace(0, 1, len(total))
-    return total, fmt, cor
-
-
-def memory_bandwidth(device, gb=1.0, repeats=5):
-    """Bytes per second of a streaming read (a sum over `gb` GB of fp32): the ceiling for decoding,
-    which reads every weight once per generated token."""
-    x = torch.ones(int(gb * 2 ** 30 / 4), device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum().item()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
-
-
-def bench_prompt(tok, prompt_tokens):
-    """The demo's one-shot prompt; with prompt_tokens, its question lengthened to about that many
-    tokens (cost depends on shapes, not on words)."""
-    from data import arithmetic_task, format_prompt, one_shot_example
-    recs = arithmetic_task("train")
-    q = recs[1]["question"]
-    make = lambda q: format_prompt(tok, q, one_shot_example(recs[0]))          # noqa: E731
-    while prompt_tokens and len(tok(make(q), add_special_tokens=False)["input_ids"]) < prompt_tokens:
-        q = "Recall that a number plus zero is the same number. " + q
-    return make(q), recs[1]["answer"]
-
-
 def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_size=0):
     """Medians over `rounds` (after one warm-up round) of step.rl_step's stages, methods alternating;
     micro_batch_size completions per forward/backward (0: all in one pass)."""
@@ -324,8 +295,9 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
             if name == "floor":
                 floor_step(model, tok, prompt, new_tokens, G, args.device, clock)
             else:
-                steps.rl_step(model, model, tok, [prompt], [answer], cfgs[name], clock=clock, reward_fn=spread_score,
-                              conflict_log=logs.get(name))
+                with spread_rewards():
+                    steps.rl_step(model, model, tok, [prompt], [answer], cfgs[name], clock=clock,
+                                  conflict_log=logs.get(name))
             torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)          # as train.py's loop
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -374,18 +346,18 @@ def hostile_cases():
 
 
 def report_reward(args, res):
-    """Part 5: gtpo_rewards.score on each hostile case in a fresh process (time incl. the math-verify
+    """Part 5: rewards.score on each hostile case in a fresh process (time incl. the math-verify
     worker's start for MATH cases; killed after 60 s), then a batch of 24 hostile MATH completions
     of ~1,500 tokens in one process, and one case scored from a worker thread."""
     res["reward"] = {}
     print("\n5. reward on hostile completions            seconds   reward")
     for name, (text, ref, task) in hostile_cases().items():
         code = (f"import json, time, rewards; t = time.perf_counter(); "
-                f"r = gtpo_rewards.score([{text!r}], [{ref!r}], {task!r})[0].item(); "
+                f"r = rewards.score([{text!r}], [{ref!r}], {task!r})[0].item(); "
                 f"print(json.dumps([time.perf_counter() - t, r]))")
         try:
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                 cwd=os.path.dirname(os.path.abspath(__file__)))
+                                 cwd=ROOT)
             sec, reward = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else (None, "error")
             if out.returncode:
                 reward = out.stderr.strip().splitlines()[-1][:80]
@@ -393,7 +365,7 @@ def report_reward(args, res):
             sec, reward = None, "timeout > 60 s"
         res["reward"][name] = {"seconds": sec, "reward": reward}
         print(f"   {name:38s} {sec if sec is None else round(sec, 2)!s:>8s}   {reward}")
-    from gtpo_rewards import score
+    from rewards import score
     cases = [v for v in hostile_cases().values() if v[2] == "math"]
     texts = [(c[0] * (6000 // len(c[0]) + 1))[:6000] for c in cases]               # ~1,500 tokens each
     batch = [texts[i % len(texts)] + str(i) for i in range(24)]
@@ -402,8 +374,8 @@ def report_reward(args, res):
     res["reward"]["batch of 24 x 6,000 chars"] = {"seconds": time.perf_counter() - t, **counts}
     print(f"   batch of 24 hostile MATH completions, 6,000 chars each: {time.perf_counter() - t:.1f} s, {counts}")
     import threading
-    import gtpo_rewards
-    gtpo_rewards._WORKER.cache.clear()                                      # a fresh verdict, not the batch's
+    import rewards
+    rewards._WORKER.cache.clear()                                      # a fresh verdict, not the batch's
     box, t = [], time.perf_counter()
     th = threading.Thread(target=lambda: box.append(score([cases[4][0] + " "], ["5"], "math")[0].item()),
                           daemon=True)
@@ -576,9 +548,9 @@ def report_memory(args, res):
 
 
 def report_gpu(args, res):
-    """Part 8: the paper's step on a GPU (gpu_bench.py); --gpu_shape tiny is its CPU dry run."""
-    import gpu_bench
-    gpu_bench.run(args, res)
+    """Part 8: the paper's step on a GPU (bench/gpu.py); --gpu_shape tiny is its CPU dry run."""
+    from bench import gpu
+    gpu.run(args, res)
 
 
 def main():

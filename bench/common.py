@@ -1,0 +1,50 @@
+"""What the CPU benchmarks (bench/__main__.py) and the GPU part (bench/gpu.py) share: the timed prompt,
+the reward that keeps every timed step's work the same, and the memory-bandwidth bound."""
+import contextlib
+import time
+
+import torch
+
+
+@contextlib.contextmanager
+def spread_rewards():
+    """Within it, step.rl_step's reward is the real one (rewards.reward) with a fixed spread added to a
+    batch whose rewards are all equal, so that every timed step does the same work (a zero advantage
+    would skip nothing, but keeps it honest)."""
+    import step
+    real = step.reward
+
+    def spread(texts, answers, task, counts=None):
+        total, fmt, cor = real(texts, answers, task, counts)
+        if total.std() == 0:
+            total = total + torch.linspace(0, 1, len(total))
+        return total, fmt, cor
+    step.reward = spread
+    try:
+        yield
+    finally:
+        step.reward = real
+
+
+def memory_bandwidth(device, gb=1.0, repeats=5):
+    """Bytes per second of a streaming read (a sum over `gb` GB of fp32): the ceiling for decoding,
+    which reads every weight once per generated token."""
+    x = torch.ones(int(gb * 2 ** 30 / 4), device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def bench_prompt(tok, prompt_tokens):
+    """The demo's one-shot prompt; with prompt_tokens, its question lengthened to about that many
+    tokens (cost depends on shapes, not on words)."""
+    from data import arithmetic_task, format_prompt, one_shot_example
+    recs = arithmetic_task("train")
+    q = recs[1]["question"]
+    make = lambda q: format_prompt(tok, q, one_shot_example(recs[0]))          # noqa: E731
+    while prompt_tokens and len(tok(make(q), add_special_tokens=False)["input_ids"]) < prompt_tokens:
+        q = "Recall that a number plus zero is the same number. " + q
+    return make(q), recs[1]["answer"]
