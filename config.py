@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data import TASKS, check_data_dir, task_name
+from data import TASKS, check_data_dir, is_local, task_name
 from models import ALIASES
 from rollout import PATHS
 from runs import ConfigError
@@ -61,6 +61,9 @@ class Config:
     temperature: float = flag(1.0, "sampling temperature; log-probs and entropies are of softmax(logits / T), "
                               "the distribution sampled")
     one_shot: bool = flag(False, "show one worked example (tag format) before the question")
+    one_shot_from: str = flag(None, "the dataset whose first train record is that example (not trained on when it "
+                              "is the training set) [default: the training dataset if built-in; a .jsonl dataset "
+                              "must name one]", type=str, metavar="DATASET")
     optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1's "
                           "paged_adamw_8bit); adam = the same, as the authors' README spells it; adamw_torch = "
                           "torch.optim.AdamW", choices=["adamw_8bit", "adam", "adamw_torch"])
@@ -241,6 +244,14 @@ def finish(cfg):
         raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
                           f"or -1 to let --epochs decide")
     check_data_dir(cfg.data_dir)                        # before the model loads
+    for name in (cfg.dataset, cfg.one_shot_from):
+        if name and is_local(name) and not os.path.isfile(name):
+            raise ConfigError(f"dataset file {name!r} does not exist; give a path to a .jsonl file (README: its "
+                              f"fields) or one of {', '.join(TASKS)}")
+    if cfg.one_shot and cfg.one_shot_from is None and is_local(cfg.dataset):
+        raise ConfigError(f"--one_shot with your own file {cfg.dataset!r}: say which worked example the prompt shows: "
+                          f"--one_shot_from {cfg.dataset} (its first record, then not trained on), --one_shot_from "
+                          f"gsm8k (a built-in dataset's), or --no-one_shot")
     unknown = {k for k in cfg.allow_changes.split(",") if k} - set(identity_keys())
     if unknown:
         raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "

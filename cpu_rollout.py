@@ -141,7 +141,7 @@ def prefill_shared(model, ids, attn, group_size, max_new_tokens):
     cache = StaticCache(config=model.config, max_cache_len=size)
     cache.layers = [FilledStaticLayer(size) if type(layer) is StaticLayer else layer for layer in cache.layers]
     model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions(attn[:, :-1]),
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+          cache=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:                                        # (B, ...) -> (B*G, ...)
         layer.keys = layer.keys.repeat_interleave(group_size, 0)
         layer.values = layer.values.repeat_interleave(group_size, 0)
@@ -176,7 +176,7 @@ def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pa
     done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
     ids, out = last_ids, []
     for t in range(max_new_tokens):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]                # (N, V)
         if t < min_new_tokens:
             logits[:, eos_t] = float("-inf")

@@ -242,6 +242,11 @@ def check_data_dir(data_dir):
     return data_dir
 
 
+def is_local(name):
+    """A --dataset value that names a .jsonl file of the user's (not a built-in dataset)."""
+    return name.endswith(".jsonl") or os.sep in name
+
+
 def load_task(name, split="train", data_dir=None):
     """Records {"question", "answer", "solution"} of dataset `name` and `split`.
 
@@ -252,7 +257,7 @@ def load_task(name, split="train", data_dir=None):
         return arithmetic_task(split)
     if name == "arithmetic-hard":                       # train on larger numbers, test on the "hard" split
         return arithmetic_task({"train": "hard-train", "test": "hard"}.get(split, split))
-    if name.endswith(".jsonl") or os.sep in name:
+    if is_local(name):
         if not os.path.isfile(name):
             raise DataError(f"dataset file {name!r} does not exist; give a path to a .jsonl file "
                             f"with 'question'/'problem' and 'answer'/'solution' fields, or one of {TASKS}")

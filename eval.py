@@ -25,10 +25,11 @@ import sys
 import torch
 
 import conflicts
+import rewards
 import runs
 from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype, quiet_peft
-from rewards import answers_equal, extract_answer, reward
+from rewards import answers_equal, extract_answer
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 
@@ -174,8 +175,8 @@ def resumable_rows(path, records, n, per_call=1, log=print):
 def rescore_rows(rows):
     """Recompute extracted answer and rewards of saved completions with the current reward code."""
     for r in rows:
-        _, fmt, cor = reward([r["completion"]], [r["reference"]], r["task"])
-        r.update(answer=extract_answer(r["completion"]), format=fmt.item(), correct=cor.item())
+        total, fmt, cor = rewards.reward([r["completion"]], [r["reference"]], r["task"])
+        r.update(answer=extract_answer(r["completion"]), reward=total.item(), format=fmt.item(), correct=cor.item())
     return rows
 
 
@@ -335,11 +336,12 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
                 lengths[j] += lens[j * m:(j + 1) * m]
                 trunc[j] += ro.truncated[j * m:(j + 1) * m].tolist()
         for j, (p, r) in enumerate(group):
-            _, fmt, cor = reward(texts[j], [r["answer"]] * n, task)
+            total, fmt, cor = rewards.reward(texts[j], [r["answer"]] * n, task)
             for i in range(n):
                 row = {"problem": p, "sample": i, "task": task, "question": r["question"],
                        "reference": r["answer"], "completion": texts[j][i], "answer": extract_answer(texts[j][i]),
-                       "format": fmt[i].item(), "correct": cor[i].item(), "length": lengths[j][i],
+                       "reward": total[i].item(), "format": fmt[i].item(), "correct": cor[i].item(),
+                       "length": lengths[j][i],
                        "truncated": trunc[j][i]}
                 rows.append(row)
                 out_f.write(json.dumps(row) + "\n")

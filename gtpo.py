@@ -121,7 +121,7 @@ def conflict_spans(ids, mask, advantages):
     return fwd, bwd
 
 
-def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
+def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or"):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21).
 
     ids (G, L) long, right-padded; mask (G, L) bool/int/float, true on real tokens;
@@ -134,13 +134,13 @@ def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
       last real token (true lengths, not the padded length);
     * only the first contiguous span from the start (forward) and from the end
       (backward) counts; conflict = fwd-span OR bwd-span (M_i = M^fw v M^bw, Sec. 5.1);
-    * lambda = pos_weight on conflict tokens of A > 0 completions, 0 on those of
+    * lambda = conflict_weight on conflict tokens of A > 0 completions, 0 on those of
       A < 0 completions, 1 elsewhere, 0 on padding. A = 0 completions neither have nor
       cause conflicts.
     * n_conflict[i] = number of conflict positions of completion i (0 when none).
 
     combine="product" reproduces the released code (Listing 2, `mask_fwd * mask_bw`):
-    a positive completion's token that lies in BOTH spans gets pos_weight**2 (= 4)
+    a positive completion's token that lies in BOTH spans gets conflict_weight**2 (= 4)
     instead of Eq. 5's 2. Garbage in padded positions is ignored.
     """
     if combine not in ("or", "product"):
@@ -148,7 +148,7 @@ def conflict_weights(ids, mask, advantages, pos_weight=2.0, combine="or"):
     fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
     valid, pos = mask.bool(), (advantages > 0).unsqueeze(1)         # (G, L), (G, 1)
     conflict = fwd | bwd                                            # (G, L)
-    on_conflict = torch.where(pos, pos_weight, 0.0)                 # (G, 1): lambda on a conflict token
+    on_conflict = torch.where(pos, conflict_weight, 0.0)            # (G, 1): lambda on a conflict token
     if combine == "or":                                             # Eq. 5
         weights = torch.where(~valid, 0.0, torch.where(conflict, on_conflict, 1.0))
     else:                                                           # Listing 2: mask_fwd * mask_bw

@@ -172,13 +172,13 @@ class PolicyPass(torch.nn.Module):
         first = expand_rows(pick(out)[:, -1:], counts)                               # (n, 1, .) predicts o_0
         if L == 1:
             return first
-        cache = out.past_key_values
+        cache = out.cache
         for layer in cache.layers:                                                   # (B, ...) -> (n, ...)
             layer.keys, layer.values = expand_rows(layer.keys, counts), expand_rows(layer.values, counts)
         attn = torch.cat([prompt_mask[prompt_index], completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
         c_pos = p_pos[prompt_index, -1:] + 1 + torch.arange(L - 1, device=p_pos.device)   # (n, L - 1)
         out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
-                         past_key_values=cache, use_cache=True,
+                         cache=cache, use_cache=True,
                          **{**out_kw, "logits_to_keep": L - 1 if logits else 1})   # hidden states: no logits
         return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
 

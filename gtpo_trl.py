@@ -105,7 +105,8 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
     a = advantages.float().view(-1, group_size)                                     # (B, G)
     flat = (a == a[:, :1]).all(dim=1, keepdim=True)
     a = torch.where(flat, torch.zeros_like(a), a).reshape(-1)                       # (N,)
-    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size, pos_weight=args.conflict_weight,
+    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size,
+                                                            conflict_weight=args.conflict_weight,
                                                             combine=args.conflict_combine)   # (N, T)
     if args.entropy_term == "eq7":
         shaped = gtpo.entropy_filter(a, h, args.ent_threshold, gate)                # (N,) delta_i A_i, Eq. 6

@@ -57,7 +57,6 @@ def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), 
                 shutil.rmtree(d)
     elif resume:
         raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
-    os.makedirs(out, exist_ok=True)
     return {}
 
 

@@ -20,7 +20,7 @@ import gtpo
 from data import format_prompt, tagged_solution
 from gtpo_logprobs import sequence_logprobs
 from models import autocast
-from rewards import reward
+import rewards
 from rollout import rollout
 
 
@@ -148,14 +148,14 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
     refs, counts = [a for a in answers for _ in range(G)], {}
-    total, fmt, cor = reward(ro.texts, refs, cfg.reward_task, counts)                # rewards.py
+    total, fmt, cor = rewards.reward(ro.texts, refs, cfg.reward_task, counts)        # the one reward
     adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
     clock("reward")
     # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
     weights = conflict = n_conf = None
     if cfg.method == "gtpo":
         weights, conflict, n_conf = gtpo.batch_conflict_weights(
-            ro.completion_ids, mask, adv, G, pos_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
+            ro.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
     if conflict_log is not None:
         conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys

@@ -92,13 +92,13 @@ def brute_conflicts(rows, adv):
     return out
 
 
-def brute_weights(rows, adv, pos_weight=2.0):
+def brute_weights(rows, adv, conflict_weight=2.0):
     conf = brute_conflicts(rows, adv)
     L = max(len(r) for r in rows)
     w = torch.zeros(len(rows), L)
     for i, m in enumerate(conf):
         for p, c in enumerate(m):
-            w[i, p] = 1.0 if not c else (pos_weight if adv[i] > 0 else 0.0)
+            w[i, p] = 1.0 if not c else (conflict_weight if adv[i] > 0 else 0.0)
     return w, conf
 
 
@@ -210,8 +210,8 @@ def test_conflict_weights_match_brute_force(vocab):
         adv = [rng.choice([-1.5, -0.2, 0.0, 0.3, 1.0]) for _ in range(G)]
         pw = rng.choice([2.0, 3.0])
         ids, mask = pad(rows, fill=rng.randrange(vocab))
-        w, conflict, n = conflict_weights(ids, mask, torch.tensor(adv), pos_weight=pw)
-        bw, bconf = brute_weights(rows, adv, pos_weight=pw)
+        w, conflict, n = conflict_weights(ids, mask, torch.tensor(adv), conflict_weight=pw)
+        bw, bconf = brute_weights(rows, adv, conflict_weight=pw)
         assert torch.equal(w, bw), (rows, adv)
         for i, m in enumerate(bconf):
             assert conflict[i, :len(m)].tolist() == m and not conflict[i, len(m):].any()

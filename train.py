@@ -49,12 +49,17 @@ def setup_model(cfg, dist, log):
     return model, tok
 
 
-def load_records(cfg, tok, log):
-    """Training records after --max_prompt_length, and the one-shot example (or None)."""
-    records = load_task(cfg.dataset, "train", cfg.data_dir)
+def load_records(cfg, tok, records, log):
+    """The training records after --max_prompt_length, and the one-shot example (or None): the first
+    train record of --one_shot_from, which is then not trained on when it is the training set."""
     example = None
-    if cfg.one_shot:                                    # the first record is the example, not trained on
-        example, records = one_shot_example(records[0]), records[1:]
+    if cfg.one_shot:
+        source = cfg.one_shot_from or cfg.dataset
+        if source == cfg.dataset:
+            example, records = one_shot_example(records[0]), records[1:]
+        else:
+            example = one_shot_example(load_task(source, "train", cfg.data_dir)[0])
+        log(f"one-shot example: the first train record of {source}")
     records, dropped = filter_by_prompt_length(records, tok, cfg.max_prompt_length, example)
     log(f"dataset {cfg.dataset}: {len(records)} training prompts"
         + (f" ({dropped} dropped: prompt longer than {cfg.max_prompt_length} tokens)" if dropped else ""))
@@ -176,13 +181,14 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
+    records = load_task(cfg.dataset, "train", cfg.data_dir)    # a bad data file fails before anything loads
     changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
                                  cfg.allow_changes.split(","), UNRECORDED) if dist.main else {}
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
-    records, example = load_records(cfg, tok, log)
+    records, example = load_records(cfg, tok, records, log)
     if str(dist.device).startswith("cuda"):
         plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log, dist.world)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
@@ -239,6 +245,7 @@ def write_config(cfg, total_steps, world, changes=None, step=0):
     """config.json: every setting as the run uses it, what setup decided (<H>_ini, Eq. 6's gate), and
     each resume that changed an identity setting (--allow_changes): at which step, from what to what."""
     path = os.path.join(cfg.output_dir, "config.json")
+    os.makedirs(cfg.output_dir, exist_ok=True)          # the run folder appears once the run has started
     history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
     if changes:
         history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]

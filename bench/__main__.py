@@ -102,7 +102,7 @@ def in_child(probe, cfg, device):
 # -----------------------------------------------------------------------------
 # 1. conflict masks
 
-def vocab_indexed_conflict(ids, mask, adv, vocab_size, pos_weight=2.0):
+def vocab_indexed_conflict(ids, mask, adv, vocab_size, conflict_weight=2.0):
     """Forward/backward conflict weights the way the paper's Listing 2 builds them (App. 16.3):
     presence maps over keys t * V + token from `bincount` (two L*V maps per direction), the first
     contiguous run by cumprod, the backward direction on flipped-and-shifted ids. Written here only
@@ -119,7 +119,7 @@ def vocab_indexed_conflict(ids, mask, adv, vocab_size, pos_weight=2.0):
         raw = (pos_map[keys] & neg_map[keys]).bool() & valid_                             # (G, L)
         run = raw.long().cumprod(dim=1).bool()
         w = torch.ones(G, L, device=ids.device)
-        w[run & pos[:, None]] = pos_weight
+        w[run & pos[:, None]] = conflict_weight
         w[run & neg[:, None]] = 0.0
         return w, run
 

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import rewards
 import step
 import train
 from conftest import DATA_DIR
@@ -96,7 +97,7 @@ def test_4bit_bf16_step_trains_lora_and_leaves_the_base_untouched(tmp_path, tiny
     base0, lora0 = _split(settle(fresh))
     assert base0 and all(v.dtype == torch.uint8 for k, v in base0.items() if not k.endswith("absmax"))
     kept = _trained_model(monkeypatch)
-    monkeypatch.setattr(step, "reward", _varied_reward)
+    monkeypatch.setattr(rewards, "reward", _varied_reward)
     assert train.main(_argv(tiny_dirs[kind], tmp_path / "run", "--max_steps", "2", *method)) == 0
     base1, lora1 = _split(kept["model"])
     assert base1.keys() == base0.keys() and all(torch.equal(base1[k], base0[k]) for k in base0)

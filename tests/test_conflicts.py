@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import rewards
 import gtpo
 import step
 import train
@@ -79,7 +80,7 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
     def split_reward(texts, answers, task, counts=None):
         r = (torch.arange(len(texts)) % 2).float() * 10
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(step, "reward", split_reward)
+    monkeypatch.setattr(rewards, "reward", split_reward)
     argv = lambda out, *x: tiny_args(out, max_steps=3, save_steps=1, temperature=1e-4, max_completion_length=6,
                                      optimizer="adamw_torch") + list(x)
     a = tmp_path / "a"

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import rewards
 import step
 import train
 from config import Config
@@ -34,7 +35,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
     from test_step import _fixed_rollout
     tok = load_tokenizer(tiny_model_dir)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
-    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
+    monkeypatch.setattr(rewards, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, entropy_filter="off",
                  logprob_chunk=4, micro_batch_size=2)
     out = {}
@@ -77,7 +78,7 @@ def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, nf4_dir, monkeypatch,
     def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(step, "reward", fake_score)
+    monkeypatch.setattr(rewards, "reward", fake_score)
     out = str(tmp_path / "run")
     assert train.main(["--model", nf4_dir, "--output_dir", out, "--max_steps", "2", "--device", "cuda",
                        "--generation_size", "4", "--max_completion_length", "8", "--lora_rank", "4", "--no-one_shot",

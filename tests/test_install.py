@@ -1,45 +1,101 @@
-"""`pip install .` gives a TRL user GTPOConfig/GTPOTrainer, the objective and the reward under names
-that are clearly ours, importable from outside the clone (pyproject.toml)."""
+"""`pip install .` gives the library under names that are ours alone (setup.py): the objective, the
+reward (rewards.py, installed as gtpo_rewards), the gradient pass and, with TRL, GTPOTrainer -- and a
+user's own rewards.py beside their script neither shadows it nor is shadowed."""
 import glob
 import os
 import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ENV, HERE
 
 LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py"}
 
-USER_SCRIPT = r"""
-import gtpo, gtpo_rewards, gtpo_trl
-from gtpo_trl import GTPOConfig, GTPOTrainer
-print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards, gtpo_trl)})
-total, _, _ = gtpo_rewards.score(["<reasoning>r</reasoning><answer>\\dfrac{\\sqrt{3}}{2}</answer>"],
-                                 ["\\frac{\\sqrt3}{2}"], "math")          # math-verify, in its worker
-print("reward", total.item())
-try:
-    import data
-except ModuleNotFoundError:
-    print("no data module")
-"""
+
+def _source(tmp_path):
+    """A copy of what `pip install .` reads: every top-level file of the clone (the build writes build/
+    beside its source, so it is a copy), so the check also says that nothing else is installed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ["pyproject.toml", "README.md", *glob.glob(os.path.join(HERE, "*.py"))]:
+        shutil.copy(os.path.join(HERE, f), src)
+    return src
+
+
+def _clean_env(**extra):
+    return {k: v for k, v in ENV.items() if k != "PYTHONPATH"} | extra
 
 
 def test_pip_install_gives_the_library_under_our_names_only(tmp_path):
-    """Built from a copy of every top-level module (the build writes build/ beside its source), so
-    the check also says that nothing but the library is installed."""
-    src, target, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
-    src.mkdir(), elsewhere.mkdir()
-    for f in ["pyproject.toml", "README.md", *glob.glob(os.path.join(HERE, "*.py"))]:
-        shutil.copy(os.path.join(HERE, f), src)
+    target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", str(target), str(src)], capture_output=True, text=True, timeout=300)
+                        "--target", str(target), str(_source(tmp_path))], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    top = {f for f in os.listdir(target) if not f.endswith((".dist-info", "__pycache__"))}
-    assert top == LIBRARY
-    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(target)}
-    script = "import os\n" + USER_SCRIPT
-    r = subprocess.run([sys.executable, "-c", script], cwd=elsewhere, env=env, capture_output=True,
-                       text=True, timeout=300)
+    assert {f for f in os.listdir(target) if not f.endswith((".dist-info", "__pycache__"))} == LIBRARY
+    script = r"""
+import os, gtpo, gtpo_rewards
+print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards)})
+total, _, _ = gtpo_rewards.reward(["<reasoning>r</reasoning><answer>\\dfrac{\\sqrt{3}}{2}</answer>"],
+                                  ["\\frac{\\sqrt3}{2}"], "math")          # math-verify, in its worker
+print("reward", total.item())
+for generic in ("rewards", "data", "config", "models", "step", "runs"):
+    try:
+        __import__(generic)
+        print("found", generic)
+    except ModuleNotFoundError:
+        pass
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=elsewhere, env=_clean_env(PYTHONPATH=str(target)),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"from {{{str(target)!r}}}" in r.stdout
-    assert "reward 20.0" in r.stdout and "no data module" in r.stdout
+    assert f"from {{{str(target)!r}}}" in r.stdout and "reward 20.0" in r.stdout and "found" not in r.stdout
+
+
+USERS_REWARDS = """
+import torch
+MINE = True
+def brevity(completions, **_):              # the user's own reward term, in their own rewards.py
+    return [-0.01 * len(c) for c in completions]
+"""
+
+USERS_SCRIPT = """
+import sys, torch
+import rewards                              # the user's own
+import gtpo_rewards, gtpo_trl
+from datasets import Dataset
+from gtpo_trl import GTPOConfig, GTPOTrainer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+assert rewards.MINE and gtpo_rewards.__file__ != rewards.__file__ and not hasattr(gtpo_rewards, "MINE")
+model, tok = AutoModelForCausalLM.from_pretrained(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[1])
+ds = Dataset.from_list([{"prompt": "What is 1 + 1?", "answer": "2"}] * 8)
+args = GTPOConfig(output_dir=sys.argv[2], num_generations=4, per_device_train_batch_size=4, max_completion_length=8,
+                  max_steps=1, bf16=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1)
+trainer = GTPOTrainer(model=model, processing_class=tok, args=args, train_dataset=ds,
+                      reward_funcs=[gtpo_rewards.trl_reward("gsm8k"), rewards.brevity])
+trainer.train()
+print("steps", trainer.state.global_step, "rewards", sorted(k for k in trainer.state.log_history[0] if "rewards/" in k))
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path, tiny_model_dir):
+    """A new venv (the machine's packages visible, nothing of the clone), `pip install .`, then a
+    GTPOTrainer step from a folder that holds the user's own rewards.py, with both rewards."""
+    pytest.importorskip("trl")
+    venv, user = tmp_path / "venv", tmp_path / "user"
+    # without a pip of its own, so that the build uses the machine's setuptools (offline: no isolation)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=120)
+    py = str(venv / "bin" / "python")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps",
+                        "--no-build-isolation", str(_source(tmp_path))], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    user.mkdir()
+    (user / "rewards.py").write_text(USERS_REWARDS)
+    r = subprocess.run([py, "-c", USERS_SCRIPT, tiny_model_dir, str(tmp_path / "out")], cwd=user, env=_clean_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "steps 1 rewards" in r.stdout and "rewards/paper_reward/mean" in r.stdout and "rewards/brevity/mean" in r.stdout

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import gtpo
+import rewards
 import step
 import train
 from conftest import ENV, HERE, train_cmd as _cmd
@@ -400,7 +401,7 @@ def _tiny(tmp_path, tiny_args, *extra):
 
 
 def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monkeypatch):
-    monkeypatch.setattr(step, "reward", lambda texts, answers, task, counts=None: (torch.full((len(texts),), 10.0),) * 2
+    monkeypatch.setattr(rewards, "reward", lambda texts, answers, task, counts=None: (torch.full((len(texts),), 10.0),) * 2
                         + (torch.zeros(len(texts)),))
     # GRPO: zero advantages, so the step applies a zero gradient
     assert _tiny(tmp_path, tiny_args, "--max_steps", "2", "--use_grpo") == 0
@@ -417,7 +418,7 @@ def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monke
 
 
 def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_args, monkeypatch):
-    monkeypatch.setattr(step, "reward", lambda texts, answers, task, counts=None: (torch.arange(len(texts)) % 2 * 10.0,) * 2
+    monkeypatch.setattr(rewards, "reward", lambda texts, answers, task, counts=None: (torch.arange(len(texts)) % 2 * 10.0,) * 2
                         + (torch.zeros(len(texts)),))
     real = gtpo.gtpo_loss
     calls = {"n": 0}
@@ -446,12 +447,12 @@ def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_args, m
 DDP_HELPER = '''
 import os, sys, torch
 sys.path.insert(0, {here!r})
-import step, train
+import rewards, step, train
 rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task, counts=None):          # rank 0 rewards 0,1,2,0 ; rank 1 the same + 10
     r = (torch.arange(len(texts)) % 3).float() + 10 * rank
     return r, r, torch.zeros_like(r)
-step.reward = fake_score
+rewards.reward = fake_score
 sys.exit(train.main(sys.argv[1:]))
 '''
 
@@ -459,12 +460,12 @@ sys.exit(train.main(sys.argv[1:]))
 DDP_METHODS_HELPER = '''
 import json, os, sys, torch
 sys.path.insert(0, {here!r})
-import runs, step, train
+import rewards, runs, step, train
 rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task, counts=None):          # spread within each group on both ranks
     r = (torch.arange(len(texts)) % 3).float() + rank
     return r, r, torch.zeros_like(r)
-step.reward = fake_score
+rewards.reward = fake_score
 keys, mean = [], runs.Dist.mean
 def record(self, values):                                   # the metric keys each rank averages
     keys.append(sorted(values))

@@ -333,3 +333,37 @@ def test_python_c_and_a_notebook_like_exec_score_alike(how):
     r = _caller(argv)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("top level runs") == 1 and "reward 20.0" in r.stdout
+
+
+def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_model_dir, tiny_lm):
+    """README "Changing the reward": a length penalty added in rewards.reward alone reaches the RL step
+    (its advantages and `reward` metric), eval.py's scoring and the TRL reward function; the paper's two
+    terms (format, correctness) stay as they were."""
+    import eval as evaluate
+    import rewards
+    import step
+    from config import Config
+    from models import load_tokenizer
+    from rollout import Rollout
+    paper = rewards.reward
+
+    def with_length_penalty(completions, answers, task, counts=None):
+        total, fmt, cor = paper(completions, answers, task, counts)
+        return total - 0.01 * torch.tensor([len(c) for c in completions], dtype=torch.float32), fmt, cor
+    monkeypatch.setattr(rewards, "reward", with_length_penalty)
+    texts = ["<reasoning>1 + 1</reasoning><answer>2</answer>", "no tags at all: 3"]
+    want = [20 - 0.01 * len(texts[0]), 0 - 0.01 * len(texts[1])]
+    assert rewards.trl_reward("numeric")(texts, ["2", "2"]) == pytest.approx(want)                  # TRL
+    row = evaluate.rescore_rows([{"completion": texts[0], "reference": "2", "task": "gsm8k"}])[0]     # eval.py
+    assert (row["reward"], row["format"], row["correct"]) == (pytest.approx(want[0]), 10.0, 10.0)
+    tok, model = load_tokenizer(tiny_model_dir), tiny_lm(lora=True)                                 # training
+    ids = [tok(t, add_special_tokens=False)["input_ids"][:6] for t in texts]
+    comp = torch.tensor([i + [tok.pad_token_id] * (6 - len(i)) for i in ids])
+    mask = (comp != tok.pad_token_id).long()
+    prompt = tok(["q"] * 2, return_tensors="pt")["input_ids"]
+    ro = Rollout(prompt, torch.ones_like(prompt), comp, mask, torch.zeros(2, dtype=torch.bool), texts)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    cfg = Config(dataset="arithmetic", generation_size=2, max_completion_length=6, entropy_filter="off")
+    m, _, scored = step.rl_step(model, model, tok, ["q"], ["2"], cfg)
+    assert scored["rewards"].tolist() == pytest.approx(want) and m["reward"] == pytest.approx(sum(want) / 2)
+    assert (m["rewards/format"], m["rewards/accuracy"]) == (5.0, 5.0)

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+
+import rewards
 import step
 from conftest import grads
 from models import load_tokenizer
@@ -75,7 +77,7 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
     ro = _fixed_rollout(tok, model.config.vocab_size, B, G, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
-    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
+    monkeypatch.setattr(rewards, "reward", reward)                        # rewards.reward, the one entry point
     base = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                            entropy_filter="off", logprob_chunk=4)
     results = {}
@@ -100,7 +102,7 @@ def _rl_grads(model, tok, monkeypatch, **flags):
     ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
-    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
+    monkeypatch.setattr(rewards, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, **flags)
     model.zero_grad()
     m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
@@ -136,7 +138,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir
     tok = load_tokenizer(tiny_model_dir)
     B, G = 2, 3
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
-    monkeypatch.setattr(step, "reward", reward)                        # rewards.reward, the one entry point
+    monkeypatch.setattr(rewards, "reward", reward)                        # rewards.reward, the one entry point
     cfg = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=5, beta=beta,
                  entropy_filter="off", logprob_chunk=4, share_prompt=False, micro_batch_size=4)
     results = {}

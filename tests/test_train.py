@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import rewards
 import step
 import train
 from conftest import HERE, grads
@@ -56,7 +57,7 @@ def _run(tmp_path, tiny_args, monkeypatch, *extra):
     def fake_score(texts, answers, task, counts=None):
         r = torch.arange(len(texts), dtype=torch.float32) % 3
         return r, r, torch.zeros_like(r)
-    monkeypatch.setattr(step, "reward", fake_score)
+    monkeypatch.setattr(rewards, "reward", fake_score)
     out = str(tmp_path / "run")
     argv = tiny_args(out, max_steps=1, max_completion_length=8, lr=1e-2, optimizer="adamw_torch", adam_beta1=0.9,
                      adam_beta2=0.95, warmup_ratio=0) + list(extra)
@@ -598,3 +599,37 @@ def test_tf32_is_set_for_cuda_runs_only():
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     finally:
         torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_bad_data_fails_before_the_model_loads_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    """A missing file, one's own file with the demo's one-shot default, a row without an answer: one line
+    naming the fix, exit 2, no model loaded and no run folder made."""
+    loaded = []
+    monkeypatch.setattr(train, "setup_model", lambda *a, **k: loaded.append(1))
+    out = tmp_path / "run"
+    mine, broken = tmp_path / "mine.jsonl", tmp_path / "broken.jsonl"
+    mine.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n' * 3)
+    broken.write_text('{"question": "What is 1 + 1?"}\n')
+    cases = [(["--dataset", str(tmp_path / "missing.jsonl")], "does not exist"),
+             (["--dataset", str(mine)], f"--one_shot_from {mine}"),
+             (["--dataset", str(broken), "--no-one_shot"], "need a question"),
+             (["--dataset", str(mine), "--one_shot_from", str(tmp_path / "nope.jsonl")], "does not exist")]
+    for argv, says in cases:
+        assert train.cli(argv + ["--output_dir", str(out)]) == 2
+        assert says in capsys.readouterr().err
+    assert not out.exists() and not loaded
+
+
+def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
+    """--one_shot_from: the first train record of the named dataset; from the training file itself it is
+    then not trained on."""
+    from config import parse_args
+    from models import load_tokenizer
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(f'{{"question": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(4)))
+    tok, lines = load_tokenizer(tiny_model_dir), []
+    for source, first, n in ((str(mine), "What is 0 + 1?", 3), ("arithmetic", None, 4)):
+        cfg = parse_args(["--dataset", str(mine), "--one_shot_from", source])
+        records, example = train.load_records(cfg, tok, train.load_task(str(mine)), lines.append)
+        assert len(records) == n and example[0] == (first or train.load_task("arithmetic")[0]["question"])
+    assert lines[0] == f"one-shot example: the first train record of {mine}"
