@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ENV, HERE
+
+pytestmark = pytest.mark.slow                         # a subprocess run of the benchmark: the slow tier
 
 
 def test_gpu_part_dry_run_on_cpu(tmp_path):

@@ -73,6 +73,7 @@ def test_counts_and_lambdas_equal_conflict_weights(fig9, tmp_path):
     assert pick_group(rows + [{"step": 9, "completion": "old row, no tokens"}]) == rows
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
     """A tiny GTPO run at low temperature (near-identical completions, so conflicts happen) with a
     reward that splits each group: conflicts.json's total equals the sum of n_conflict in

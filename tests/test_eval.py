@@ -249,6 +249,7 @@ def test_plot_legend_says_trained_or_untrained():
         "trained: gtpo-smollm2-135m-arithmetic/final"
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_model_dir, tmp_path):
     """eval.py --drift: KL(pi_c || start) per scheduled checkpoint (not one a stop signal saved);
     exactly 0 at step 0 and for a checkpoint equal to the start, positive for one that moved;

@@ -28,6 +28,7 @@ def _clean_env(**extra):
     return {k: v for k, v in ENV.items() if k != "PYTHONPATH"} | extra
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 def test_pip_install_gives_the_library_under_our_names_only(tmp_path):
     target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()

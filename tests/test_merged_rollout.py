@@ -86,6 +86,7 @@ def _live_models():
     return sum(issubclass(type(o), PreTrainedModel) for o in gc.get_objects())      # type(): weak proxies too
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 def test_the_merged_copy_is_kept_and_refreshed_in_place_with_compile_on(tiny_model_dir, monkeypatch):
     """--rollout merged with its CUDA setting (the compiled decode step) forced on CPU: the number of
     live models stays the same from step to step (no copy outlives its step), the copy's weights keep

@@ -312,6 +312,7 @@ def _caller(argv):
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=ENV, timeout=300)
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.parametrize("call", list(CALLS))
 def test_a_script_without_a_main_guard_scores_math_verify_answers(tmp_path, call):
     """The shape of most TRL training scripts: no `if __name__ == "__main__":`. The math-verify
