@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import runs
-from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, RUNS, TEST_SEEDS, collapse_jobs,
-                   collapse_step, jobs, load, trailing)
+from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, Q6_SEEDS, Q6_START, RUNS,
+                       TEST_SEEDS, collapse_jobs, collapse_step, jobs, load, q6_jobs, q6_pair, trailing)
 
 
 V1 = os.path.join(KEEP, "v1")          # the first design's runs: 16 problems per set, no per-problem counts
@@ -331,14 +331,28 @@ def worked(attempt):
     return attempt["seconds"] - attempt.get("paused_seconds", 0)
 
 
-def cost_hours(collapse=False):
-    """Worker-hours spent on the runs and evaluations of the main and long parts, or with
-    collapse=True of the collapse part (every attempt, worked())."""
-    part = {run_id for run_id, *_ in collapse_jobs()}
-    ids = dict.fromkeys(run_id for run_id, *_ in jobs())             # a run id repeats for its later evaluations
-    paths = [os.path.join(KEEP, run_id, "times.json") for run_id in ids if (run_id in part) == collapse]
-    # times.json, not load(): a run stopped before it finished has attempts too
-    return sum(worked(t) for p in paths if os.path.isfile(p) for ts in runs.read_json(p).values() for t in ts) / 3600
+def cost_hours(collapse=False, q6=False):
+    """Worker-hours spent (every attempt, worked()): the main and long parts; with collapse=True the
+    collapse part; with q6=True Q6 -- its own runs, and the attempts of the warm-ups it reused from
+    Q6_START on (their weights are not committed, so Q6 trained them again)."""
+    q6_ids = {run_id for run_id, *_ in q6_jobs()}
+    reused = {start for *_, start, _ in q6_jobs() if start} - q6_ids        # part 3's warm-ups, trained again
+    part = {run_id for run_id, *_ in collapse_jobs()} | reused
+    ids = dict.fromkeys([run_id for run_id, *_ in jobs()] + sorted(reused))   # an id repeats for its evaluations
+
+    def counted(run_id, attempt):
+        again = run_id in reused and attempt.get("date", "") >= Q6_START
+        if q6:
+            return run_id in q6_ids or again
+        if collapse:
+            return run_id in part and run_id not in q6_ids and not again
+        return run_id not in part and run_id not in q6_ids
+    total = 0.0
+    for run_id in ids:
+        path = os.path.join(KEEP, run_id, "times.json")
+        if os.path.isfile(path):        # times.json, not load(): a run stopped before it finished has attempts too
+            total += sum(worked(t) for ts in runs.read_json(path).values() for t in ts if counted(run_id, t))
+    return total / 3600
 
 
 # -----------------------------------------------------------------------------
@@ -465,12 +479,49 @@ def collapse_test_lines():
                    f"{sum(flags['gtpo'])} of {n}; Fisher's exact test, one-sided, p = {p:.3f}"), secondary
 
 
+def zero_gradient_steps(d):
+    """RL steps whose gradient was exactly 0 (grad_norm == 0: no completion carried a loss term)."""
+    return sum(r.get("grad_norm") == 0 for r in d["rl"])
+
+
+def q6_lines():
+    """Q6 (docs/study.md, part 4): per seed, GRPO beta = 0 and GTPO with Eq. 7's entropy term side by side --
+    collapse step, zero-gradient steps, share filtered, KL to the warm-up, formatting and accuracy, ID
+    pass@1 -- and the verdict (Part 3's rule) once all 8 + 8 runs have finished."""
+    lines = ["| seed | method | collapse step | zero-gradient steps | filtered % | entropy (trailing 10): first → max "
+             "→ last | format % (trailing 10): first → min → last | accuracy % (last 10) | KL to the warm-up, last "
+             "checkpoint | ID pass@1 final |", "|---|---|---|---|---|---|---|---|---|---|"]
+    flags, n = {"grpo": [], "gtpo": []}, 0
+    for s in Q6_SEEDS:
+        d = dict(zip(("grpo", "gtpo"), (load(run_id) for run_id in q6_pair(s))))
+        for m, v in d.items():
+            if v is None or len(v["rl"]) < COLLAPSE_WINDOW:
+                continue
+            step = collapse_step(v["rl"], v.get("diverged.json"))
+            filt = statistics.fmean(r.get("gtpo/filtered_frac", 0.0) for r in v["rl"])
+            cells = curve_cells(v).rsplit("|", 2)[0]                  # without its collapse step
+            final = pass1(v, "rung")[0] if "rung" in v["evals"] else None
+            label = METHODS[m] + (", Eq. 7" if m == "gtpo" else "")
+            lines.append(f"| {s} | {label} | {step or 'none'} | {zero_gradient_steps(v)} | {100 * filt:.1f} | {cells}| "
+                         f"{kl_cell(v)} | {'–' if final is None else f'{final:.3f}'} |")
+        if all(v is not None and len(v["rl"]) >= COLLAPSE_WINDOW for v in d.values()):
+            n += 1
+            for m, v in d.items():
+                flags[m].append(collapse_step(v["rl"], v.get("diverged.json")) is not None)
+    if n < len(Q6_SEEDS):
+        return lines, f"not finished ({n} of {len(Q6_SEEDS)} seeds have both runs)"
+    verdict_, p = collapse_verdict(flags["grpo"], flags["gtpo"])
+    return lines, (f"{verdict_}: GRPO collapses in {sum(flags['grpo'])} of {n} seeds, GTPO (Eq. 7) in "
+                   f"{sum(flags['gtpo'])} of {n}; Fisher's exact test, one-sided, p = {p:.3f}")
+
+
 def write_summary():
     rows = question_rows()
     q4, q4_rule = collapse_lines()
     q5, q5_rule = conflict_lines()
     ladder, ladder_rule = ladder_lines()
     test, test_rule, secondary = collapse_test_lines()
+    q6, q6_rule = q6_lines()
     lines = ["## Questions, tests, verdicts (docs/study.md declares them)", ""] + question_lines(rows) + [
         "", "run-level p: exact two-sided sign-flip test over the paired runs (its smallest possible value in "
         "brackets); problem-level CI: the problems resampled, the runs fixed.", "",
@@ -479,13 +530,15 @@ def write_summary():
         "", f"## Collapse part, the test — {test_rule}", ""] + test + ([""] + [secondary] if secondary else []) + [
         "", "Each test run's curves (described; the rule above decides what counts as a collapse):", ""] + \
         test_curve_lines() + [
+        "", f"## Q6: with Eq. 7's entropy term as written, does GTPO collapse less than GRPO? — {q6_rule}", ""] + q6 + [
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "
-        f"collapse part {cost_hours(collapse=True):.2f}"]
+        f"collapse part {cost_hours(collapse=True):.2f}; Q6 {cost_hours(q6=True):.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule,
-                                                         "ladder": ladder_rule, "collapse_test": test_rule})
+                                                         "ladder": ladder_rule, "collapse_test": test_rule,
+                                                         "q6": q6_rule})
     print("\n".join(lines))
 
 

@@ -120,6 +120,13 @@ def collapse_jobs():
 
 
 Q6_SEEDS, Q6_NEW_SEEDS, Q6_RUNG = (21, 22, 23, 24, 25, 26, 27, 28), (26, 27, 28), "r4"
+Q6_START = "2026-11-25T14:25"          # Q6's first run: later attempts of the reused warm-ups are Q6's cost
+
+
+def q6_pair(seed):
+    """(GRPO beta = 0 run id, GTPO with Eq. 7's entropy term run id) of a Q6 seed: seeds 21-25 reuse part 3's
+    GRPO runs."""
+    return (f"collapse-grpo-s{seed}" if seed not in Q6_NEW_SEEDS else f"q6-grpo-s{seed}"), f"q6-gtpo-s{seed}"
 
 
 def q6_jobs():

@@ -329,3 +329,32 @@ def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
         assert ("--entropy_term" in flags) == run_id.startswith("q6-gtpo")
         assert flags == study.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + \
             (["--entropy_term", "eq7"] if "gtpo" in run_id else [])
+
+
+def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
+    """Q6's table has each run's zero-gradient steps beside its collapse step; the verdict waits for all 8
+    seeds, then is part 3's rule; the warm-ups Q6 trained again count in Q6's cost, not part 3's."""
+    committed_in(tmp_path, monkeypatch)
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "rewards/accuracy": 0.0, "entropy": 0.3,
+             "grad_norm": 0.2} for k in range(1, 101)]
+    broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4, "grad_norm": 0.0} if r["step"] > 60 else {}))
+             for r in calm]
+    for s in range(21, 29):
+        grpo, gtpo = study.q6_pair(s)
+        _write_rl(tmp_path, grpo, broke if s <= 26 else calm)                     # GRPO: 6 of 8 collapse
+        _write_rl(tmp_path, gtpo, broke if s == 21 else calm)                     # GTPO: 1 of 8
+        if s == 21:
+            lines, rule = study_report.q6_lines()
+            assert rule == "not finished (1 of 8 seeds have both runs)"
+            assert "| 21 | GTPO, Eq. 7 | 64 | 40 | 0.0 |" in "\n".join(lines)      # 40 steps with grad_norm 0
+    assert study.q6_pair(21) == ("collapse-grpo-s21", "q6-gtpo-s21") and study.q6_pair(27)[0] == "q6-grpo-s27"
+    lines, rule = study_report.q6_lines()
+    assert rule == "holds: GRPO collapses in 6 of 8 seeds, GTPO (Eq. 7) in 1 of 8; Fisher's exact test, " \
+                   "one-sided, p = 0.020" and len(lines) == 2 + 16
+    attempt = lambda date: {"seconds": 1800.0, "finished": True, "workers": 2, "date": date}   # noqa: E731
+    (tmp_path / "warmup-collapse-s21").mkdir()
+    (tmp_path / "warmup-collapse-s21" / "times.json").write_text(json.dumps(
+        {"train": [attempt("2026-11-20T10:00:00"), attempt("2026-11-25T15:00:00")]}))
+    (tmp_path / "q6-gtpo-s21" / "times.json").write_text(json.dumps({"train": [attempt("2026-11-25T16:00:00")]}))
+    assert study_report.cost_hours(q6=True) == pytest.approx(1.0)
+    assert study_report.cost_hours(collapse=True) == pytest.approx(0.5)
