@@ -17,7 +17,10 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZ
 def pytest_collection_modifyitems(config, items):
     if DATA_DIR and os.path.isdir(DATA_DIR):
         return
-    skip = pytest.mark.skip(reason="GTPO_DATA_DIR is not set to the offline datasets (../shared/data)")
+    fix = "a folder of <dataset>/<split>.jsonl, which `python data.py --export DIR` writes where the Hub is reachable"
+    why = (f"GTPO_DATA_DIR={DATA_DIR!r} is not a folder; point it at {fix}" if DATA_DIR else
+           f"needs the real datasets: set GTPO_DATA_DIR to {fix}")
+    skip = pytest.mark.skip(reason=why)
     for item in items:
         if "needs_data" in item.keywords:
             item.add_marker(skip)
