@@ -185,6 +185,7 @@ def test_k_above_n_fails_before_loading_anything(tmp_path):
         ev.main(["--k", "1", "16", "--output_dir", str(tmp_path / "x"), "--model", "no/such-model"])
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.needs_data
 def test_end_to_end_two_gsm8k_problems_and_rescore(tmp_path):
     out = tmp_path / "ev"

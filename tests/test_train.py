@@ -442,6 +442,7 @@ print(was_set, peak - rss_mb())
 """
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux /proc")
 def test_heap_mmap_threshold_returns_freed_tensors_to_the_os():
     """--heap_mmap_mb 1: freed 2 MB tensors leave the process at once; with 0 (the default,
@@ -485,6 +486,7 @@ def test_the_authors_readme_command_parses_as_listing_1():
     assert parse_args(argv).optimizer == parse_args(argv[:4] + ["--optimizer", "adamw_8bit"] + argv[6:]).optimizer
 
 
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.needs_data
 def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, tiny_model_dir, train_cli):
     out = tmp_path / "run"
