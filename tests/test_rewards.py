@@ -281,7 +281,7 @@ def test_the_first_worker_start_counts_in_no_answers_time(monkeypatch):
     per-batch bounds still scores the first answers (no `guarded`); a restart later counts."""
     import rewards
     worker = slow_start_worker()
-    monkeypatch.setattr(gtpo_rewards, "_WORKER", worker)
+    monkeypatch.setattr(rewards, "_WORKER", worker)
     counts = {}
     _, _, cor = score([wrap("\\dfrac{\\sqrt{3}}{2}")], ["\\frac{\\sqrt3}{2}"], "math", counts)
     assert cor.item() == 10.0 and counts == {"guarded": 0}

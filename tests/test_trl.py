@@ -294,7 +294,7 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
         port = s.getsockname()[1]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                         str(port), __file__, tiny_model_dir, str(tmp_path)], cwd=HERE, capture_output=True,
-                       text=True, env={**ENV, "OMP_NUM_THREADS": "1"}, timeout=600)
+                       text=True, env={**ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{i}.pt", map_location="cpu") for i in range(2)]
     assert [x["world"] for x in ranks] == [2, 2] and [x["rank"] for x in ranks] == [0, 1]
