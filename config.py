@@ -147,7 +147,7 @@ class Config:
     heap_mmap_mb: float = flag(0.0, "glibc: freed blocks above this size (MB) go back to the OS at once (lower "
                                "peak RSS, slower steps); 0 = glibc's default", group="cpu")
     # ---- set by the program, not by a flag
-    min_new_tokens: int = flag(0, "EOS barred before this many tokens (bench.py forces lengths)", group=None)
+    min_new_tokens: int = flag(0, "EOS barred before this many tokens (the benchmarks force lengths)", group=None)
     h_ini: float = flag(None, "<H>_ini measured at setup (Sec. 6), which Eq. 6's auto filter reads", group=None)
 
     @property

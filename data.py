@@ -134,7 +134,7 @@ def _records(rows, path, name):
             continue
         if name in ("math", "math500"):
             # the reference is the last \boxed{} of the solution (MATH-500's curated `answer`
-            # agrees; test_rewards.py measures it), so MATH and MATH-500 are scored alike
+            # agrees; tests/test_rewards.py measures it), so MATH and MATH-500 are scored alike
             rec["answer"] = last_boxed(obj["solution"]) or rec["answer"]
         if name in ("aime24", "amc23"):
             rec["answer"] = str(int(float(rec["answer"])))          # "025" -> "25", 27.0 -> "27"

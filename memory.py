@@ -1,6 +1,6 @@
 """Peak GPU memory of one training step by stage, known before the run: no GPU, no weights.
 
-    python bench.py --parts memory --model llama-8b     # the table; train.py uses fit() on CUDA
+    python -m bench --parts memory --model llama-8b     # the table; train.py uses plan() on CUDA
 
 estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step.rl_step):
   weights     the base model as loaded: every decoder Linear in NF4 4-bit (bitsandbytes, block 64,
@@ -359,7 +359,7 @@ def _measure(config, s):
 
 
 # -----------------------------------------------------------------------------
-# the table bench.py prints (python bench.py --parts memory)
+# the table the benchmark prints (python -m bench --parts memory)
 
 CPU_CHECKS = {   # three small widths and settings whose estimate is checked against measured_peak
     "llama, bf16, checkpointing, micro-batches of 2": (

@@ -1,5 +1,5 @@
 """One training step of GTPO, GRPO or SFT (arXiv 2508.03772): what the loop calls, and what
-bench.py times.
+the benchmarks (bench/) time.
 
 rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
            -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
@@ -9,7 +9,7 @@ initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
 Each step reads a config.Config and leaves gradients in the parameters; the caller clips, steps the
 optimizer and logs.
 `clock(stage)` is called at the end of each stage (generate, reward, masks, reference, forward,
-backward); the loop and bench.py pass a Clock to time the same code.
+backward); the loop and the benchmarks pass a Clock to time the same code.
 """
 import contextlib
 import time

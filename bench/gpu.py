@@ -1,4 +1,4 @@
-"""`python bench.py --parts gpu`: the paper's step measured on a lent GPU, in one command.
+"""`python -m bench --parts gpu`: the paper's step measured on a lent GPU, in one command.
 
 On a random-weight model of the paper's shape (--gpu_shape llama-8b: 4-bit NF4, LoRA 128, bf16),
 train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
@@ -225,7 +225,7 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
 
 
 def run(args, res):
-    """bench.py's `gpu` part (module docstring)."""
+    """The benchmark's `gpu` part (module docstring)."""
     import train
     from bench.common import bench_prompt
     if args.device.startswith("cuda"):
