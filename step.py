@@ -17,10 +17,10 @@ import time
 import torch
 
 import gtpo
+import rewards
 from data import format_prompt, tagged_solution
 from gtpo_logprobs import sequence_logprobs
 from models import autocast
-import rewards
 from rollout import rollout
 
 
