@@ -134,9 +134,10 @@ class GTPOTrainer(GRPOTrainer):
     _entropies = None
 
     def _get_per_token_logps_and_entropies(self, *args, **kw):
-        """TRL's pass; the loss's own entropies (with grad) are kept for Eq. 7's term (_compute_loss)."""
+        """TRL's pass; its entropies are kept for Eq. 7's term: _compute_loss's own call (with grad when
+        training) is the last one before the loss reads them."""
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kw)
-        self._entropies = entropies if torch.is_grad_enabled() else None
+        self._entropies = entropies
         return logps, entropies, aux
 
     def _compute_loss(self, model, inputs):

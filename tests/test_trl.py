@@ -68,9 +68,14 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     per_token, metrics = token_advantages(ids, mask, adv, h, 4, t.args, gate)
     model.train()
     model.zero_grad()
-    loss = t._compute_loss(model, {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
-                                   "completion_mask": mask, "advantages": per_token})
+    inputs = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask,
+              "advantages": per_token}
+    loss = t._compute_loss(model, inputs)
     loss.backward()
+    model.eval()
+    with torch.no_grad():                                              # as TRL's evaluation computes it
+        assert t._compute_loss(model, inputs).item() == pytest.approx(loss.item(), abs=1e-6)
+    model.train()
     g_trl = grads(model)
     # ours: the loop's own policy_loss on the same completions, advantages zeroed in flat groups
     model.zero_grad()
