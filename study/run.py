@@ -229,6 +229,8 @@ def record_time(run_id, what, seconds, finished, shard):
 def train(run_id, flags, seed, start, shard, threads):
     """Train one run to its final/ (resuming what is there); copy its small files to study/."""
     out = os.path.join(WORK, run_id)
+    if training_elsewhere(out):                         # another worker trains it (its evaluation came up here)
+        wait_for(os.path.join(out, "final"))
     if not os.path.isdir(os.path.join(out, "final")):
         argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
         if start:
@@ -236,11 +238,15 @@ def train(run_id, flags, seed, start, shard, threads):
         if os.path.isfile(os.path.join(out, "config.json")):
             argv.append("--resume")
         os.makedirs(out, exist_ok=True)
+        lock = os.path.join(out, "training.pid")
+        runs.write_text(lock, str(os.getpid()))
         try:
             attempt(run_id, "train", argv, os.path.join(out, "train.log"), os.path.join(out, "final"), shard, threads)
         except SystemExit:
             if not diverged(run_id, out):
                 raise
+        finally:
+            os.remove(lock)
     keep = os.path.join(KEEP, run_id)
     os.makedirs(keep, exist_ok=True)
     if start is None:                                   # a warm-up: keep its fingerprint
@@ -254,6 +260,18 @@ def train(run_id, flags, seed, start, shard, threads):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
+
+
+def training_elsewhere(out):
+    """Whether another live worker process is training the run in `out` (its training.pid): a run's
+    evaluation jobs may fall to the other worker while the run itself is still training."""
+    try:
+        with open(os.path.join(out, "training.pid")) as f:
+            pid = int(f.read())
+        os.kill(pid, 0)                                 # raises when no such process
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid()
 
 
 def diverged(run_id, out):

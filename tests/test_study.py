@@ -358,3 +358,21 @@ def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
     (tmp_path / "q6-gtpo-s21" / "times.json").write_text(json.dumps({"train": [attempt("2026-11-25T16:00:00")]}))
     assert study_report.cost_hours(q6=True) == pytest.approx(1.0)
     assert study_report.cost_hours(collapse=True) == pytest.approx(0.5)
+
+
+def test_a_run_another_worker_is_training_is_waited_for_not_trained_twice(tmp_path):
+    """study.run.training_elsewhere: a live other process's training.pid says "wait"; this process's own,
+    a dead one's or none says "train"."""
+    import subprocess
+    import sys
+    (tmp_path / "training.pid").write_text(str(os.getpid()))
+    assert not study.training_elsewhere(str(tmp_path))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / "training.pid").write_text(str(other.pid))
+        assert study.training_elsewhere(str(tmp_path))
+    finally:
+        other.kill()
+        other.wait()
+    assert not study.training_elsewhere(str(tmp_path))                 # its process is gone
+    assert not study.training_elsewhere(str(tmp_path / "nothing-here"))
