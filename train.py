@@ -205,9 +205,7 @@ def train(cfg, dist, stop):
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
-    from tqdm import tqdm
-    bar = tqdm(range(state["step"], total), initial=state["step"], total=total, dynamic_ncols=True,
-               disable=not dist.main)
+    bar = progress(state["step"], total, dist.main)
     nonfinite_run = 0
     model.train()
     try:
@@ -239,6 +237,12 @@ def train(cfg, dist, stop):
         metrics.close()
     finish(cfg, model, tok, params, dist, log)
     return 0
+
+
+def progress(first, total, main):
+    """The loop's steps first ... total-1 as a progress bar, shown on the main rank."""
+    from tqdm import tqdm
+    return tqdm(range(first, total), initial=first, total=total, dynamic_ncols=True, disable=not main)
 
 
 def write_config(cfg, total_steps, world, changes=None, step=0):
