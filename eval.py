@@ -451,11 +451,15 @@ def rescored(args):
     """--rescore: the samples of an earlier eval run, scored again -> (rows, meta, ks, seed, out)."""
     if not os.path.isfile(args.rescore):
         raise DataError(f"--rescore {args.rescore!r} does not exist; give an eval run's samples.jsonl")
-    rows = rescore_rows(read_rows(args.rescore))
+    rows = read_rows(args.rescore)
     if not rows:
         raise DataError(f"--rescore {args.rescore!r} holds no samples")
+    if args.task != "auto":                                 # the comparison asked for, not the one sampled with
+        rows = [{**r, "task": args.task} for r in rows]
+    rows = rescore_rows(rows)
     old_path = os.path.join(os.path.dirname(args.rescore), "results.json")
-    meta = {"dataset": rows[0]["task"], **(runs.read_json(old_path) if os.path.isfile(old_path) else {})}
+    meta = {"dataset": "unknown (no results.json beside the samples)",
+            **(runs.read_json(old_path) if os.path.isfile(old_path) else {}), "task": rows[0]["task"]}
     ks = args.k or meta.get("ks")
     seed = meta.get("seed", args.seed)
     args.maj_subsets = meta.get("maj_subsets", args.maj_subsets)
@@ -502,7 +506,7 @@ def sampled(args):
     with open(samples_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in done)
         rows = sample(model, tok, records, task, args, example, f, done)
-    meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split,
+    meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split, "task": task,
             "temperature": args.temperature, "max_completion_length": args.max_completion_length,
             "one_shot_from": args.one_shot_from}
     return rows, meta, ks, seed, out

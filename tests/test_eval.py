@@ -158,6 +158,22 @@ def test_rescore_computes_results_from_completion_text(tmp_path):
     assert saved == rows                                       # the samples file is never rewritten
 
 
+def test_rescore_with_task_compares_answers_that_way_and_names_it(tmp_path):
+    rows = [_row(0, i, _tagged(a), ref, task="gsm8k") for i, (a, ref) in
+            enumerate([("\\sqrt{2}", "\\sqrt{2}"), ("x^2", "x^{2}"), ("3", "3"), ("4", "3")])]
+    d = tmp_path / "ev"
+    d.mkdir()
+    with open(d / "samples.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out = {}
+    for task in ("auto", "latex"):
+        assert ev.main(["--rescore", str(d / "samples.jsonl"), "--task", task, "--output_dir", str(tmp_path / task)]) == 0
+        out[task] = json.load(open(tmp_path / task / "results.json"))
+    assert out["auto"]["per_problem_correct"] == [1] and out["auto"]["task"] == "gsm8k"      # numbers only
+    assert out["latex"]["per_problem_correct"] == [3] and out["latex"]["task"] == "latex"    # math-verify
+    assert out["latex"]["dataset"].startswith("unknown")                # no results.json beside the samples
+
+
 def test_plots_write_png(tmp_path):
     res = {"pass@k": {"1": 0.2, "2": 0.3, "4": 0.4}, "maj@k": {"1": 0.2, "2": 0.2, "4": 0.3}}
     for name in ("a", "b"):
