@@ -416,6 +416,8 @@ def run_all(shard, only=(), threads=None):
 
 
 def status():
+    """The run table, a line per job. Weights live in runs/study/ only, so a fresh checkout has none: a run
+    whose metrics are committed but whose evaluations are not trains again first ("train again")."""
     for run_id, flags, seed, start, evals in jobs():
         keep, out = os.path.join(KEEP, run_id), os.path.join(WORK, run_id)
         ckpts = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")) \
@@ -423,8 +425,18 @@ def status():
         done = [s for s in evals if os.path.isfile(os.path.join(keep, f"eval-{s}.json"))]
         state = ("done (committed)" if start and finished(run_id, evals) else
                  "trained" if os.path.isdir(os.path.join(out, "final")) else
-                 f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else "to do")
-        print(f"{run_id:20s} {state:18s} evaluated: {', '.join(done) or '-'}")
+                 f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else
+                 "train again" if os.path.isfile(os.path.join(keep, "metrics.jsonl")) else "to do")
+        last = last_training_seconds(run_id) if state in ("train again", "to do") else None
+        print(f"{run_id:20s} {state:18s} evaluated: {', '.join(done) or '-'}"
+              + (f"  (its last finished training attempt: {last:.0f} s)" if last else ""))
+
+
+def last_training_seconds(run_id):
+    """Seconds of the run's last finished training attempt in its committed times.json, or None."""
+    path = os.path.join(KEEP, run_id, "times.json")
+    tried = runs.read_json(path).get("train", []) if os.path.isfile(path) else []
+    return next((t["seconds"] for t in reversed(tried) if t["finished"]), None)
 # -----------------------------------------------------------------------------
 # the committed files, and the collapse rule the runner applies to them
 

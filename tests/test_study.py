@@ -376,3 +376,21 @@ def test_a_run_another_worker_is_training_is_waited_for_not_trained_twice(tmp_pa
         other.wait()
     assert not study.training_elsewhere(str(tmp_path))                 # its process is gone
     assert not study.training_elsewhere(str(tmp_path / "nothing-here"))
+
+
+def test_list_says_a_committed_run_without_weights_trains_again_before_its_evaluations(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """runs/study/ is never committed: on a fresh checkout a Q6 run with committed metrics but no `kl` yet
+    must be trained again first, and --list says so with its last finished attempt's seconds."""
+    committed_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    _write_rl(tmp_path, "q6-gtpo-s25", [{"step": k, "phase": "rl", "rewards/format": 9.5, "entropy": 0.3}
+                                        for k in range(1, 101)])
+    (tmp_path / "q6-gtpo-s25" / "times.json").write_text(json.dumps({"train": [
+        {"seconds": 900.0, "finished": False, "workers": 2}, {"seconds": 1121.4, "finished": True, "workers": 2},
+        {"seconds": 50.0, "finished": False, "workers": 2}]}))
+    study.status()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("q6-gtpo-s25 ")]
+    assert [ln.split()[1] for ln in lines] == ["done", "train", "train"]          # training, rung, kl
+    assert lines[2].endswith("(its last finished training attempt: 1121 s)")
+    assert "(its last" not in lines[0] and study.last_training_seconds("q6-gtpo-s24") is None
