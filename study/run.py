@@ -28,7 +28,10 @@ From the repository root:
 
 Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the report reads is
 copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
-best.json and eval-<set>.json (eval.py's results.json). study/v1/ holds the first design's runs
+best.json and eval-<set>.json (eval.py's results.json). So a fresh checkout has no weights: an evaluation
+still to run trains its run again first, which must log what the committed metrics.jsonl holds, timings
+aside, or the worker stops (first_difference); a warm-up's adapter is also checked against its committed
+fingerprint. study/v1/ holds the first design's runs
 (the same files; docs/study.md says why it was replaced), whose comparisons the report re-tests.
 """
 import argparse
@@ -256,10 +259,30 @@ def train(run_id, flags, seed, start, shard, threads):
         elif runs.read_json(path)["fingerprint"] != found:
             print(f"warning: {run_id} was trained again and differs from the one the finished runs started "
                   f"from (another machine?); the committed results keep the first one's files", flush=True)
+    if os.path.isfile(os.path.join(keep, "metrics.jsonl")):        # trained again: the same run, or stop
+        step = first_difference(os.path.join(keep, "metrics.jsonl"), os.path.join(out, "metrics.jsonl"))
+        if step is not None:
+            raise SystemExit(f"{run_id} was trained again and its metrics differ from the committed ones from step "
+                             f"{step} (another host's numerics?): its evaluations would describe another run. "
+                             f"study/{run_id}/ is left as it was; compare the two metrics.jsonl, then remove "
+                             f"study/{run_id}/ to replace the run, or runs/study/{run_id}/ to train it again")
     for f in ("config.json", "metrics.jsonl", "conflicts.json"):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
     return out
+
+
+def first_difference(committed, trained):
+    """The first step whose row in `trained` differs from `committed` in a value the committed row logs,
+    timings aside (time/*, step_time); None when none does. A metric the committed run did not log yet
+    is not compared; a missing row is a difference."""
+    old = [r for _, r in read_jsonl(committed)]
+    new = [r for _, r in read_jsonl(trained)] if os.path.isfile(trained) else []
+    for k, row in enumerate(old):
+        logged = {key for key in row if not key.startswith("time/") and key != "step_time"}
+        if k >= len(new) or any(new[k].get(key) != row[key] for key in logged):
+            return row.get("step", k + 1)
+    return None
 
 
 def training_elsewhere(out):

@@ -394,3 +394,29 @@ def test_list_says_a_committed_run_without_weights_trains_again_before_its_evalu
     assert [ln.split()[1] for ln in lines] == ["done", "train", "train"]          # training, rung, kl
     assert lines[2].endswith("(its last finished training attempt: 1121 s)")
     assert "(its last" not in lines[0] and study.last_training_seconds("q6-gtpo-s24") is None
+
+
+def test_a_run_trained_again_must_log_what_was_committed_or_it_stops(tmp_path, monkeypatch):
+    """study.run.train on a run whose metrics are committed: timings may differ, anything else stops the
+    worker before a committed file is overwritten (its evaluations would describe another run)."""
+    (tmp_path / "keep").mkdir()
+    committed_in(tmp_path / "keep", monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    rows = [{"step": k, "phase": "rl", "loss": 0.1 * k, "grad_norm": 0.5, "step_time": 20.0, "time/generate": 9.0}
+            for k in (1, 2, 3)]
+    _write_rl(tmp_path / "keep", "q6-gtpo-s25", rows)
+    out = tmp_path / "work" / "q6-gtpo-s25"
+    (out / "final").mkdir(parents=True)                                  # trained: train() copies only
+    again = [dict(r, step_time=31.0, **{"time/generate": 12.5, "entropy": 0.2}) for r in rows]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+    study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)      # timings and a new metric only
+    assert (tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
+    committed = (tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl").read_text()
+    again[1]["loss"] = 0.2000001
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+    with pytest.raises(SystemExit, match="differ from the committed ones from step 2"):
+        study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
+    assert (tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl").read_text() == committed
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again[:2]))
+    assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
+                                  str(out / "metrics.jsonl")) == 2
