@@ -347,10 +347,15 @@ def finish(cfg, model, tok, params, dist, log):
         f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}")
 
 
-def main(argv=None):
-    # completions of 1 to 1,500 tokens leave differently sized blocks every step; expandable segments
-    # let the allocator grow one segment instead of fragmenting (read at the first CUDA allocation)
+def cuda_allocator_defaults():
+    """Expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set: completions of 1 to 1,500 tokens leave
+    differently sized blocks every step, and the allocator then grows one segment instead of
+    fragmenting. Read at the first CUDA allocation, so call it before any."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def main(argv=None):
+    cuda_allocator_defaults()
     cfg = parse_args(argv, __doc__)
     stop, dist = StopFlag(), Dist(cfg.device)
     try:

@@ -580,6 +580,8 @@ def main():
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
+    import train
+    train.cuda_allocator_defaults()                     # the allocator train.py runs with, before any CUDA allocation
     heap_mmap_threshold(args.heap_mmap_mb)
     CHILD_FLAGS[:] = ["--heap_mmap_mb", str(args.heap_mmap_mb)]
     if args.probe:                                                            # child process

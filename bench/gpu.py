@@ -2,16 +2,18 @@
 
 On a random-weight model of the paper's shape (--gpu_shape llama-8b: 4-bit NF4, LoRA 128, bf16),
 train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
-1. sampling     each sampler, --gpu_sample_tokens forced tokens: seconds, tokens/s per sequence
-                and in all, the weight-streaming bound (sampling weights' bytes / measured
-                bandwidth per decode step), peak memory. Samplers: generate (4-bit, eager),
-                merged (a bf16 copy with LoRA merged, static cache, eager) and merged+compile
+1. sampling     each sampler, --gpu_sample_tokens forced tokens, its second call timed: seconds,
+                tokens/s per sequence and in all, the weight-streaming bound (sampling weights' bytes
+                / measured bandwidth per decode step), peak memory. Samplers: generate (4-bit,
+                eager), merged (the policy's kept bf16 copy with LoRA merged, refreshed in place,
+                static cache, eager) and merged+compile
 2. step         one step.rl_step at --gpu_step_tokens forced tokens (1,500: the paper's length):
                 seconds per stage and the step; peak memory per stage (torch.cuda.max_memory_allocated)
                 beside memory.estimate's
-3. determinism  the same 3 steps twice from one seed (--gpu_det_tokens): the metrics and weights
-                that differ; where some do, the pair again under torch.use_deterministic_algorithms
-                (warn_only: the warnings name the operations without a deterministic kernel)
+3. determinism  the same 3 steps twice from one seed (--gpu_det_tokens): the metrics that differ (from
+                which step, by how much) and the weights; where some do, the pair again under
+                torch.use_deterministic_algorithms (strict: an operation without a deterministic
+                kernel stops it and is named)
 --gpu_shape tiny runs the same code on a 2-layer model, on CPU in seconds (the fast tier's dry run);
 --gpu_shape smollm2-135m (or any model alias or folder) uses that model's own weights.
 """
@@ -22,7 +24,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 
 import torch
 
@@ -119,45 +120,49 @@ def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
 
 
 def sampling(args, cfg, model, tok, prompt, res):
-    """Part 1: each sampler's seconds (the merged copy's build included), tokens/s and peak for G
-    rows of --gpu_sample_tokens forced tokens; the first call of each warms up (or compiles)."""
+    """Part 1: each sampler's seconds, tokens/s and peak for G rows of --gpu_sample_tokens forced
+    tokens, each called twice and the second call timed: for the merged samplers that is the policy's
+    one kept copy refreshed in place and sampled from (merged_rollout.merged_sampler), what a training
+    step pays; the first call builds it (and compiles)."""
+    import gc
     import merged_rollout
     from bench.common import memory_bandwidth
     from rollout import eos_ids, generate
     L, G = args.gpu_sample_tokens, cfg.generation_size
     bandwidth = memory_bandwidth(args.device)
-    plain = merged_rollout.merged_copy(model)
-    weights = {"generate": sum(p.numel() * p.element_size() for p in model.parameters()),   # NF4 + LoRA
-               "merged": sum(p.numel() * p.element_size() for p in plain.parameters())}     # dense bf16
-    del plain
     enc = tok([prompt], return_tensors="pt", add_special_tokens=False,
               pad_to_multiple_of=merged_rollout.PAD_MULTIPLE).to(args.device)
     eos, pad = eos_ids(model, tok), tok.pad_token_id
     print(f"\n1. sampling: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} tokens; "
           f"bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print("| sampler | seconds | tok/s per sequence | tok/s in all | bound tok/s per sequence | of bound | peak GB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| sampler | first call s | seconds | tok/s per sequence | tok/s in all | bound tok/s per sequence | "
+          "of bound | peak GB |")
+    print("|---|---|---|---|---|---|---|---|")
     res["sampling"] = {}
     model.eval()
     for name, (path, extra) in SAMPLERS.items():
         if name == "merged+compile" and not args.device.startswith("cuda"):
             continue                                            # transformers compiles on CUDA only
-        for _ in range(2):                                      # the first call warms up / compiles
+        calls = []
+        for _ in range(2):
+            gc.collect()                                        # what earlier calls left is not this one's peak
             clock = PeakClock(args.device)
             with torch.no_grad(), autocast(model):
-                sampler = model if path == "generate" else merged_rollout.merged_copy(model)
+                sampler = model if path == "generate" else merged_rollout.merged_sampler(model)
                 kw = {} if path == "generate" else {**merged_rollout.generate_kwargs(args.device), **extra}
                 generate(sampler, enc["input_ids"], enc["attention_mask"], G, L, L, eos, pad, **kw)
-                del sampler
             clock("generate")
-        sec = clock.parts["generate"]
-        bound = bandwidth / weights[path]                       # decode steps/s if weights stream once a step
-        row = {"seconds": sec, "tokens_per_s_per_sequence": L / sec, "tokens_per_s": G * L / sec,
-               "bound_per_sequence": bound, "share_of_bound": L / sec / bound,
+            calls.append(clock.parts["generate"])
+        sec = calls[-1]
+        weights = sum(p.numel() * p.element_size() for p in sampler.parameters())  # NF4 + LoRA, or the dense copy
+        bound = bandwidth / weights                             # decode steps/s if weights stream once a step
+        row = {"first_call_seconds": calls[0], "seconds": sec, "tokens_per_s_per_sequence": L / sec,
+               "tokens_per_s": G * L / sec, "bound_per_sequence": bound, "share_of_bound": L / sec / bound,
                "peak_gb": clock.peaks.get("generate", 0) / 1e9}
         res["sampling"][name] = row
-        print(f"| {name} | {sec:.2f} | {L / sec:.1f} | {G * L / sec:.0f} | {bound:.0f} | {L / sec / bound:.0%} | "
-              f"{_gb(clock, 'generate')} |")
+        print(f"| {name} | {calls[0]:.2f} | {sec:.2f} | {L / sec:.1f} | {G * L / sec:.0f} | {bound:.0f} | "
+              f"{L / sec / bound:.0%} | {_gb(clock, 'generate')} |")
+        del sampler
     model.train()
 
 
@@ -184,9 +189,25 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
                    "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
 
 
+def differences(a, b):
+    """Two runs' (metric rows, weights fingerprint) -> {metric: {"step": the first step (1-based) it
+    differs at, "rel": its largest |x - y| / max(|x|, |y|)}}, plus "weights": {} when the
+    fingerprints differ; {} when the runs are identical."""
+    (ra, wa), (rb, wb) = a, b
+    out = {}
+    for step_no, (x, y) in enumerate(zip(ra, rb), 1):
+        for k, v in x.items():
+            if isinstance(v, float) and v != y.get(k):
+                seen = out.setdefault(k, {"step": step_no, "rel": 0.0})
+                seen["rel"] = max(seen["rel"], abs(v - y[k]) / max(abs(v), abs(y[k])))
+    return {**out, **({"weights": {}} if wa != wb else {})}
+
+
 def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
-    """Part 3: the same 3 steps twice from one seed; where they differ, twice more under
-    torch.use_deterministic_algorithms (warn_only), whose warnings name the operations."""
+    """Part 3: the same 3 steps twice from one seed: each metric that differs, with the first step it
+    differs at and its largest relative difference, and whether the weights do. Where some differ, the
+    pair again under torch.use_deterministic_algorithms (strict: operations with a deterministic
+    algorithm use it, e.g. cuDNN attention's backward, and one that has none stops the pair, named)."""
     from runs import weights_fingerprint
     start = {id(p): p.detach().clone() for p in params}
     opt_state = copy.deepcopy(optimizer.state_dict())
@@ -200,28 +221,24 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
                 for _ in range(3)]
         return rows, weights_fingerprint(params)
 
-    def differ(a, b):
-        (ra, wa), (rb, wb) = a, b
-        keys = sorted({k for r in ra for k, v in r.items() if isinstance(v, float)
-                       and any(x.get(k) != y.get(k) for x, y in zip(ra, rb))})
-        return keys + (["weights"] if wa != wb else [])
+    def say(found):
+        return ", ".join(f"{k} (from step {v['step']}, up to {v['rel']:.1e})" if v else k for k, v in found.items())
 
     print(f"\n3. determinism: 3 steps of {args.gpu_det_tokens} tokens, twice from seed 0")
-    first = differ(run(), run())
+    first = differences(run(), run())
     res["determinism"] = {"differ": first}
-    print(f"   {'identical: every metric and the weights bit for bit' if not first else 'differ: ' + ', '.join(first)}")
+    print(f"   {'identical: every metric and the weights bit for bit' if not first else 'differ: ' + say(first)}")
     if first:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            second = differ(run(), run())
-        torch.use_deterministic_algorithms(False)
-        ops = sorted({str(w.message).split(" does not have a deterministic")[0] for w in caught
-                      if "deterministic" in str(w.message)})
-        res["determinism"].update(deterministic_algorithms=second, nondeterministic_ops=ops)
-        print(f"   with torch.use_deterministic_algorithms: "
-              f"{'identical' if not second else 'differ: ' + ', '.join(second)}; ops without a deterministic "
-              f"kernel: {'; '.join(ops) or 'none warned'}")
+        torch.use_deterministic_algorithms(True)
+        try:
+            second = differences(run(), run())
+            res["determinism"]["deterministic_algorithms"] = second
+            print(f"   with torch.use_deterministic_algorithms: {'identical' if not second else 'differ: ' + say(second)}")
+        except RuntimeError as e:                       # an operation without a deterministic algorithm
+            res["determinism"]["deterministic_algorithms_stopped"] = str(e).splitlines()[0]
+            print(f"   with torch.use_deterministic_algorithms: stopped by {str(e).splitlines()[0]}")
+        finally:
+            torch.use_deterministic_algorithms(False)
 
 
 def run(args, res):

@@ -86,6 +86,7 @@ def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, nf4_dir, monkeypatch,
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert len(rows) == 2 and all(r["grad_norm"] > 0 for r in rows)
-    assert (cfg["optimizer"], cfg["load_in_4bit"], cfg["gradient_checkpointing"]) == ("adamw_8bit", True, True)
+    # a whole group of 4 x 8 tokens fits without checkpointing, so the planner turns it off
+    assert (cfg["optimizer"], cfg["load_in_4bit"], cfg["gradient_checkpointing"]) == ("adamw_8bit", True, False)
     assert cfg["micro_batch_size"] >= 1 and cfg["dtype"] == "auto"
     assert os.path.isfile(os.path.join(out, "final", "adapter_model.safetensors"))
