@@ -233,7 +233,8 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
         try:
             second = differences(run(), run())
             res["determinism"]["deterministic_algorithms"] = second
-            print(f"   with torch.use_deterministic_algorithms: {'identical' if not second else 'differ: ' + say(second)}")
+            print(f"   with torch.use_deterministic_algorithms: "
+                  f"{'identical' if not second else 'differ: ' + say(second)}")
         except RuntimeError as e:                       # an operation without a deterministic algorithm
             res["determinism"]["deterministic_algorithms_stopped"] = str(e).splitlines()[0]
             print(f"   with torch.use_deterministic_algorithms: stopped by {str(e).splitlines()[0]}")

@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 import runs
 from data import read_jsonl
 
@@ -225,8 +227,21 @@ def record_time(run_id, what, seconds, finished, shard):
     path = os.path.join(KEEP, run_id, "times.json")
     times = runs.read_json(path) if os.path.isfile(path) else {}
     times.setdefault(what, []).append({"seconds": round(seconds, 1), "finished": finished, "workers": shard[1],
-                                       "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                                       "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": cpu()})
     runs.write_json(path, times)
+
+
+def cpu():
+    """The kernels torch picks on this host (AVX512, AVX2, ...): float results differ between them in
+    the last bits, so a committed run trains again bit for bit only on the kind it was trained on."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def committed_cpus(run_id):
+    """The hosts' kinds (cpu()) of the run's committed finished training attempts that recorded one."""
+    path = os.path.join(KEEP, run_id, "times.json")
+    tried = runs.read_json(path).get("train", []) if os.path.isfile(path) else []
+    return {t["cpu"] for t in tried if t["finished"] and "cpu" in t}
 
 
 def train(run_id, flags, seed, start, shard, threads):
@@ -235,6 +250,11 @@ def train(run_id, flags, seed, start, shard, threads):
     if training_elsewhere(out):                         # another worker trains it (its evaluation came up here)
         wait_for(os.path.join(out, "final"))
     if not os.path.isdir(os.path.join(out, "final")):
+        kinds = committed_cpus(run_id)
+        if os.path.isfile(os.path.join(KEEP, run_id, "metrics.jsonl")) and kinds and cpu() not in kinds:
+            raise SystemExit(f"{run_id}'s committed metrics come from a {'/'.join(sorted(kinds))} host and this one "
+                             f"is {cpu()}: trained again here it would be another run. Train it on such a host, "
+                             f"or remove study/{run_id}/ to replace the run")
         argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
         if start:
             argv += ["--init_from", wait_for(os.path.join(WORK, start, "final"))]
@@ -451,8 +471,10 @@ def status():
                  f"at checkpoint {ckpts[-1]}" if ckpts else "started" if os.path.isdir(out) else
                  "train again" if os.path.isfile(os.path.join(keep, "metrics.jsonl")) else "to do")
         last = last_training_seconds(run_id) if state in ("train again", "to do") else None
+        kinds = committed_cpus(run_id) if state == "train again" else set()
         print(f"{run_id:20s} {state:18s} evaluated: {', '.join(done) or '-'}"
-              + (f"  (its last finished training attempt: {last:.0f} s)" if last else ""))
+              + (f"  (its last finished training attempt: {last:.0f} s)" if last else "")
+              + (f"  (trained on {'/'.join(sorted(kinds))}; this host: {cpu()})" if kinds else ""))
 
 
 def last_training_seconds(run_id):

@@ -420,3 +420,34 @@ def test_a_run_trained_again_must_log_what_was_committed_or_it_stops(tmp_path, m
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again[:2]))
     assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
                                   str(out / "metrics.jsonl")) == 2
+
+
+def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp_path, monkeypatch, capsys):
+    """Float results differ between AVX2 and AVX-512 kernels in the last bits, so a committed run whose
+    training attempts name another kind of host stops before any training starts (not after it, when
+    the metrics differ), and --list says which kind trained it; an attempt records this host's kind."""
+    committed_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(study, "cpu", lambda: "AVX2")
+    _write_rl(tmp_path, "q6-gtpo-s25", [{"step": 1, "phase": "rl", "loss": 0.1}])
+    (tmp_path / "q6-gtpo-s25" / "times.json").write_text(json.dumps({"train": [
+        {"seconds": 50.0, "finished": False, "workers": 2, "cpu": "AVX2"},
+        {"seconds": 1121.4, "finished": True, "workers": 2, "cpu": "AVX512"}]}))
+    monkeypatch.setattr(study, "attempt", lambda *a: pytest.fail("trained on another kind of host"))
+    with pytest.raises(SystemExit, match="from a AVX512 host and this one is AVX2"):
+        study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
+    study.status()
+    line = next(ln for ln in capsys.readouterr().out.splitlines()
+                if ln.startswith("q6-gtpo-s25 ") and "train again" in ln)
+    assert line.endswith("(trained on AVX512; this host: AVX2)")
+    study.record_time("q6-gtpo-s25", "train", 3.0, True, (0, 1))
+    assert json.loads((tmp_path / "q6-gtpo-s25" / "times.json").read_text())["train"][-1]["cpu"] == "AVX2"
+    monkeypatch.setattr(study, "cpu", lambda: "AVX512")                   # the same kind: it trains
+    calls = []
+    out = tmp_path / "work" / "q6-gtpo-s25"
+    monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a) or (out / "final").mkdir())
+    monkeypatch.setattr(study, "wait_for", lambda path: path)
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "phase": "rl", "loss": 0.1}) + "\n")
+    study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
+    assert len(calls) == 1
