@@ -238,10 +238,10 @@ def cpu():
 
 
 def committed_cpus(run_id):
-    """The hosts' kinds (cpu()) of the run's committed finished training attempts that recorded one."""
-    path = os.path.join(KEEP, run_id, "times.json")
-    tried = runs.read_json(path).get("train", []) if os.path.isfile(path) else []
-    return {t["cpu"] for t in tried if t["finished"] and "cpu" in t}
+    """The kinds of host (cpu()) whose training logged the run's committed metrics (study/<run>/host.json;
+    empty for runs committed before it was kept)."""
+    path = os.path.join(KEEP, run_id, "host.json")
+    return set(runs.read_json(path)["cpu"]) if os.path.isfile(path) else set()
 
 
 def train(run_id, flags, seed, start, shard, threads):
@@ -289,6 +289,7 @@ def train(run_id, flags, seed, start, shard, threads):
     for f in ("config.json", "metrics.jsonl", "conflicts.json"):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
+    runs.write_json(os.path.join(keep, "host.json"), {"cpu": sorted(committed_cpus(run_id) | {cpu()})})
     return out
 
 

@@ -424,15 +424,16 @@ def test_a_run_trained_again_must_log_what_was_committed_or_it_stops(tmp_path, m
 
 def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp_path, monkeypatch, capsys):
     """Float results differ between AVX2 and AVX-512 kernels in the last bits, so a committed run whose
-    training attempts name another kind of host stops before any training starts (not after it, when
-    the metrics differ), and --list says which kind trained it; an attempt records this host's kind."""
+    metrics another kind of host logged (host.json) stops before any training starts (not after it,
+    when the metrics differ), and --list says which kind; a run trained on the same kind trains, and
+    each attempt records its host's kind in times.json."""
     committed_in(tmp_path, monkeypatch)
     monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
     monkeypatch.setattr(study, "cpu", lambda: "AVX2")
     _write_rl(tmp_path, "q6-gtpo-s25", [{"step": 1, "phase": "rl", "loss": 0.1}])
-    (tmp_path / "q6-gtpo-s25" / "times.json").write_text(json.dumps({"train": [
-        {"seconds": 50.0, "finished": False, "workers": 2, "cpu": "AVX2"},
-        {"seconds": 1121.4, "finished": True, "workers": 2, "cpu": "AVX512"}]}))
+    (tmp_path / "q6-gtpo-s25" / "host.json").write_text(json.dumps({"cpu": ["AVX512"]}))
+    (tmp_path / "q6-gtpo-s25" / "times.json").write_text(json.dumps({"train": [                   # not what decides
+        {"seconds": 1121.4, "finished": True, "workers": 2, "cpu": "AVX2"}]}))
     monkeypatch.setattr(study, "attempt", lambda *a: pytest.fail("trained on another kind of host"))
     with pytest.raises(SystemExit, match="from a AVX512 host and this one is AVX2"):
         study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
@@ -451,3 +452,4 @@ def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp
     (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "phase": "rl", "loss": 0.1}) + "\n")
     study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
     assert len(calls) == 1
+    assert json.loads((tmp_path / "q6-gtpo-s25" / "host.json").read_text()) == {"cpu": ["AVX512"]}
