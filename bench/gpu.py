@@ -20,6 +20,7 @@ train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
 import copy
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -192,12 +193,12 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
 def differences(a, b):
     """Two runs' (metric rows, weights fingerprint) -> {metric: {"step": the first step (1-based) it
     differs at, "rel": its largest |x - y| / max(|x|, |y|)}}, plus "weights": {} when the
-    fingerprints differ; {} when the runs are identical."""
+    fingerprints differ; {} when the runs are identical (a metric NaN in both is the same)."""
     (ra, wa), (rb, wb) = a, b
     out = {}
     for step_no, (x, y) in enumerate(zip(ra, rb), 1):
         for k, v in x.items():
-            if isinstance(v, float) and v != y.get(k):
+            if isinstance(v, float) and v != y[k] and not (math.isnan(v) and math.isnan(y[k])):
                 seen = out.setdefault(k, {"step": step_no, "rel": 0.0})
                 seen["rel"] = max(seen["rel"], abs(v - y[k]) / max(abs(v), abs(y[k])))
     return {**out, **({"weights": {}} if wa != wb else {})}

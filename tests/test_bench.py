@@ -9,6 +9,7 @@ import pytest
 
 from conftest import ENV, HERE
 
+
 @pytest.mark.slow                                     # a subprocess run of the benchmark: the slow tier
 def test_gpu_part_dry_run_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
@@ -35,3 +36,5 @@ def test_differences_name_each_metric_with_its_first_step_and_largest_relative_g
     assert differences(a, b) == {"loss": {"step": 2, "rel": 0.2}}               # strings are not metrics
     c = ([{"loss": 0.5, "reward": 2.0}, {"loss": 2.0, "reward": 1.0}], (1, 3))
     assert differences(a, c) == {"loss": {"step": 1, "rel": 0.5}, "reward": {"step": 2, "rel": 0.5}, "weights": {}}
+    nan = ([{"loss": float("nan")}], (1,))                                   # a metric with nothing to average
+    assert differences(nan, nan) == {}
