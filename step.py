@@ -269,7 +269,7 @@ def initial_entropy(model, tok, prompts, cfg):
     for i in range(0, len(prompts), 8):
         with autocast(model):
             ro = rollout(model, tok, prompts[i:i + 8], 1, cfg.max_completion_length, cfg.temperature,
-                         path=cfg.rollout, merge_lora=cfg.merge_lora)
+                         min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
             with torch.no_grad():
                 _, ent = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
                                            ro.completion_mask, logprob_chunk=cfg.logprob_chunk,

@@ -573,7 +573,7 @@ def main():
                    "the estimate adds the CUDA context and the allocator's slack itself)")
     p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
     p.add_argument("--gpu_shape", default="llama-8b", help="gpu part: llama-8b, qwen2.5-3b, llama-1b (random weights), tiny (a CPU dry run), or a model alias / folder")
-    p.add_argument("--gpu_parts", default="sampling,step,determinism", help="gpu part: which of its three parts")
+    p.add_argument("--gpu_parts", default="sampling,step,determinism", help="gpu part: which of sampling,step,determinism,h_ini")
     p.add_argument("--gpu_sample_tokens", type=int, default=128, help="gpu part: forced tokens per sampler")
     p.add_argument("--gpu_step_tokens", type=int, default=1500, help="gpu part: forced tokens of the paper step")
     p.add_argument("--gpu_det_tokens", type=int, default=32, help="gpu part: forced tokens of the determinism steps")

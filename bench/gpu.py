@@ -14,6 +14,8 @@ train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
                 which step, by how much) and the weights; where some do, the pair again under
                 torch.use_deterministic_algorithms (strict: an operation without a deterministic
                 kernel stops it and is named)
+4. h_ini        (only when asked: --gpu_parts h_ini) train.py's <H>_ini pass before step 1 at
+                --gpu_step_tokens forced tokens: seconds, peak memory beside memory.estimate's
 --gpu_shape tiny runs the same code on a 2-layer model, on CPU in seconds (the fast tier's dry run);
 --gpu_shape smollm2-135m (or any model alias or folder) uses that model's own weights.
 """
@@ -190,6 +192,25 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
                    "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
 
 
+def initial_entropy(args, cfg, model, tok, prompt, res):
+    """Part 4: train.py's <H>_ini pass before step 1 (step.initial_entropy: memory.H_INI_ROWS prompts
+    sampled once each at --gpu_step_tokens forced tokens, then a no-grad pass): seconds and peak
+    beside memory.estimate's h_ini."""
+    T = args.gpu_step_tokens
+    c = dataclasses.replace(cfg, max_completion_length=T, min_new_tokens=T)
+    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    est = memory.estimate(model.config, memory.Settings.from_config(c, P, 2))["h_ini"]
+    clock = PeakClock(cfg.device)
+    h = steps.initial_entropy(model, tok, [prompt] * memory.H_INI_ROWS, c)               # (8,)
+    clock("h_ini")
+    sec, held = clock.parts["h_ini"], clock.reserved.get("h_ini")
+    print(f"\n4. <H>_ini: {memory.H_INI_ROWS} prompts x {T} forced tokens, rollout {cfg.rollout}: {sec:.1f} s; "
+          f"peak GB allocated {_gb(clock, 'h_ini')}, reserved + managed {'–' if held is None else f'{held / 1e9:.2f}'}, "
+          f"estimated {est / 1e9:.2f}; mean <H> {h.mean().item():.3f}")
+    res["h_ini"] = {"seconds": sec, "peak": clock.peaks.get("h_ini"), "reserved_plus_managed": held,
+                    "estimate": est, "mean": h.mean().item()}
+
+
 def differences(a, b):
     """Two runs' (metric rows, weights fingerprint) -> {metric: {"step": the first step (1-based) it
     differs at, "rel": its largest |x - y| / max(|x|, |y|)}}, plus "weights": {} when the
@@ -265,6 +286,7 @@ def run(args, res):
         {"sampling": lambda: sampling(args, cfg, model, tok, prompt, res["gpu"]),
          "step": lambda: paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
          "determinism": lambda: determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
+         "h_ini": lambda: initial_entropy(args, cfg, model, tok, prompt, res["gpu"]),
          }[part]()
         sys.stdout.flush()
     res["gpu"]["seconds"] = time.time() - t0

@@ -1,4 +1,4 @@
-"""bench/gpu.py through `python -m bench --parts gpu`, dry-run on CPU on the tiny shape: the three parts
+"""bench/gpu.py through `python -m bench --parts gpu`, dry-run on CPU on the tiny shape: the four parts
 run the code a GPU runs and print their tables; on CPU the same 3 steps twice are identical. And how
 the determinism part reports two runs that differ."""
 import json
@@ -15,6 +15,7 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_shape", "tiny", "--gpu_sample_tokens", "4",
                         "--gpu_step_tokens", "8", "--gpu_det_tokens", "4", "--flags", "--generation_size 4",
+                        "--gpu_parts", "sampling,step,determinism,h_ini",
                         "--out", str(out)], cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout
@@ -26,6 +27,7 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     assert res["step"]["estimate"]["peak"] > res["step"]["estimate"]["weights"] > 0
     assert res["determinism"]["differ"] == {}                                   # CPU: bit for bit
     assert "identical: every metric and the weights bit for bit" in text
+    assert res["h_ini"]["seconds"] > 0 and res["h_ini"]["estimate"] > 0 and res["h_ini"]["mean"] > 0
 
 
 def test_differences_name_each_metric_with_its_first_step_and_largest_relative_gap():

@@ -207,6 +207,10 @@ def test_initial_entropy_is_the_policy_pass_entropy_of_its_samples_and_keeps_no_
     torch.testing.assert_close(h, torch.cat(want), atol=1e-5, rtol=1e-5)
     assert h.std() > 0 and (path == "shared") == (seen == []) and not any(seen)
     assert step.initial_entropy(model, tok, [], cfg).shape == (0,)        # a rank with no prompt
+    asked = []                                                             # lengths forced as rl_step forces them
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: asked.append(k["min_new_tokens"]) or real_rollout(*a, **k))
+    step.initial_entropy(model, tok, prompts[:3], dataclasses.replace(cfg, min_new_tokens=6))
+    assert asked == [6]
 
 
 def test_blocked_layers_and_prefilled_cache_give_the_same_next_token_logits(tiny_lm):
