@@ -169,11 +169,16 @@ def sampling(args, cfg, model, tok, prompt, res):
     model.train()
 
 
+def estimate(cfg, model, tok, prompt, tokens):
+    """memory.estimate's stages (bytes) for the bench's prompt and `tokens` completion tokens, in bf16."""
+    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    s = dataclasses.replace(memory.Settings.from_config(cfg, P, 2), completion_tokens=tokens)
+    return memory.estimate(model.config, s)
+
+
 def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
     """Part 2: one step at --gpu_step_tokens: seconds per stage, measured vs estimated peak."""
-    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
-    s = dataclasses.replace(memory.Settings.from_config(cfg, P, 2), completion_tokens=args.gpu_step_tokens)
-    est = memory.estimate(model.config, s)
+    est = estimate(cfg, model, tok, prompt, args.gpu_step_tokens)
     one_step(cfg, model, tok, optimizer, params, prompt, answer, 8)                    # warm-up
     m, clock = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
     total = sum(clock.parts.values())
@@ -198,8 +203,7 @@ def initial_entropy(args, cfg, model, tok, prompt, res):
     beside memory.estimate's h_ini."""
     T = args.gpu_step_tokens
     c = dataclasses.replace(cfg, max_completion_length=T, min_new_tokens=T)
-    P = len(tok(prompt, add_special_tokens=False)["input_ids"])
-    est = memory.estimate(model.config, memory.Settings.from_config(c, P, 2))["h_ini"]
+    est = estimate(cfg, model, tok, prompt, T)["h_ini"]
     clock = PeakClock(cfg.device)
     h = steps.initial_entropy(model, tok, [prompt] * memory.H_INI_ROWS, c)               # (8,)
     clock("h_ini")

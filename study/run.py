@@ -250,8 +250,8 @@ def train(run_id, flags, seed, start, shard, threads):
     if training_elsewhere(out):                         # another worker trains it (its evaluation came up here)
         wait_for(os.path.join(out, "final"))
     if not os.path.isdir(os.path.join(out, "final")):
-        kinds = committed_cpus(run_id)
-        if os.path.isfile(os.path.join(KEEP, run_id, "metrics.jsonl")) and kinds and cpu() not in kinds:
+        kinds = committed_cpus(run_id)                  # host.json exists only beside committed metrics
+        if kinds and cpu() not in kinds:
             raise SystemExit(f"{run_id}'s committed metrics come from a {'/'.join(sorted(kinds))} host and this one "
                              f"is {cpu()}: trained again here it would be another run. Train it on such a host, "
                              f"or remove study/{run_id}/ to replace the run")
