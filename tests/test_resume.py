@@ -154,6 +154,8 @@ def _train_state(out, log):
     """Where a kill landed in a training run, read off what this attempt printed and wrote."""
     if "trainable parameters" not in _text(log):
         return "startup/model load"
+    if not os.path.isdir(out):                  # the model is loaded; train.py makes the folder later
+        return "setup, before the run folder"
     tmp = [d for d in os.listdir(out) if d.endswith(".tmp")]
     if tmp:
         return "final save" if tmp == ["final.tmp"] else "checkpoint save"
