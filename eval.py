@@ -353,12 +353,12 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
     return rows
 
 
-def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu"):
+def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu", steps=None):
     """KL(pi_c || pi_start) at the start and at each scheduled checkpoint c of a training run
     (runs.saved_checkpoints): k3 (Eq. 1's KL estimator) averaged over the tokens pi_c samples for
     `records` (n_samples each, the same seed at every checkpoint); pi_start is what the run began
     from (its --init_from). A beta = 0 run computes no KL while training; this measures how far it
-    moved. -> a list of {step, kl, tokens}."""
+    moved. steps: only these (0 = the start); default all. -> a list of {step, kl, tokens}."""
     from gtpo import kl_k3, masked_mean
     from gtpo_logprobs import sequence_logprobs
     from rollout import rollout
@@ -367,9 +367,12 @@ def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cp
         raise DataError(f"--drift {run_dir}: the run has no --init_from to measure the drift from")
     start, tok = load_eval_model(cfg["model"], cfg["init_from"], device, False)
     prompts = [format_prompt(tok, r["question"], example) for r in records]
-    saved = runs.saved_checkpoints(run_dir, cfg)
+    at = {0: cfg["init_from"], **runs.saved_checkpoints(run_dir, cfg)}     # step 0, the start: 0 exactly
+    missing = sorted(set(steps or ()) - set(at))
+    if missing:
+        raise DataError(f"--drift_steps {missing}: {run_dir} has no scheduled checkpoint there (it has {sorted(at)})")
     points = []
-    for step, adapter in sorted({0: cfg["init_from"], **saved}.items()):     # step 0, the start: 0 exactly
+    for step, adapter in sorted((n, a) for n, a in at.items() if steps is None or n in steps):
         policy, _ = load_eval_model(cfg["model"], adapter, device, False)
         torch.manual_seed(seed)
         ro = rollout(policy, tok, prompts, n_samples, max_new_tokens, temperature=1.0)
@@ -423,6 +426,8 @@ def parse_args(argv=None):
     a("--render_step", type=int, default=None, help="the step of the group to draw (default: the last with conflicts)")
     a("--drift", default=None, metavar="RUN_DIR", help="a training run's KL to its start (--init_from) at each "
       "checkpoint, on --limit problems x --n_samples completions (results.json)")
+    a("--drift_steps", type=int, nargs="+", default=None, metavar="STEP",
+      help="with --drift: only these checkpoints (0 = the start; default: the start and every scheduled one)")
     return p.parse_args(argv)
 
 
@@ -520,7 +525,7 @@ def drift_main(args):
     records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
     _, example = one_shot(args, cfg["model"])
     points = drift(args.drift, records, example, args.n_samples, args.max_completion_length or
-                   cfg["max_completion_length"], args.seed, args.device or "cpu")
+                   cfg["max_completion_length"], args.seed, args.device or "cpu", args.drift_steps)
     out = args.output_dir or os.path.join(args.drift, "eval-kl")
     os.makedirs(out, exist_ok=True)
     runs.write_json(os.path.join(out, "results.json"), {

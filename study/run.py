@@ -23,6 +23,8 @@ From the repository root:
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
     python -m study.run --shard 0/2 --threads 1 --only q6 &     # one part (Q6) and the warm-ups it starts from ...
     python -m study.run --shard 1/2 --threads 1 --only q6 &     # ... on two workers
+    python -m study.run --threads 1 --only q7-gtpo,q7-grpo,grpo-long --seeds 1,3,5,7 &   # Q7: one worker per seed,
+    python -m study.run --threads 1 --only q7-gtpo,q7-grpo,grpo-long --seeds 2,4,6,8 &   # its warm-up and both runs
     python -m study.run --list                        # the table and how far each run is
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
@@ -147,6 +149,32 @@ def q6_jobs():
     return out + [(*job, evals) for evals in ((), ("rung",), ("kl",)) for job in runs_]
 
 
+Q7_SEEDS, Q7_REUSED = (1, 2, 3, 4, 5, 6, 7, 8), (1, 2)
+Q7_EVALS = ("id", "id-best", "ood", "kl200")   # primary first; kl200: the KL to the warm-up at step 200 only
+Q7_GTPO = ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]     # the defaults, named
+
+
+def q7_pair(seed):
+    """(GRPO beta = 0 run id, GTPO run id) of a Q7 seed: seeds 1-2 reuse the long part's GRPO runs."""
+    return (f"grpo-long-s{seed}" if seed in Q7_REUSED else f"q7-grpo-s{seed}"), f"q7-gtpo-s{seed}"
+
+
+def q7_jobs():
+    """Q7 (docs/study.md, part 6): GTPO with the default objective against GRPO beta = 0 over the long part's 200
+    steps, seeds 1-8, each seed's two runs from its warmup-long warm-up, seed by seed (two workers: --seeds
+    1,3,5,7 and 2,4,6,8). Each run is evaluated in the job that trains it (Q7_EVALS), so no cell needs its
+    weights trained again. The reused GRPO runs of seeds 1-2 are trained again for their OOD evaluation, which
+    checks at every step that they log the committed values. The optional released-form arm comes last."""
+    w, flags = WARMUPS["long"][:2]
+    grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
+    for s in Q7_SEEDS:
+        out += [(f"{w}-s{s}", flags, s, None, ())] if s not in Q7_REUSED else []    # else the long part's, listed
+        out += [(q7_pair(s)[1], COMMON + Q7_GTPO, s, f"{w}-s{s}", Q7_EVALS),
+                (q7_pair(s)[0], grpo, s, f"{w}-s{s}", ("ood",) if s in Q7_REUSED else Q7_EVALS)]
+    released = [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
+    return out + [(f"q7-released-s{s}", COMMON + released, s, f"{w}-s{s}", Q7_EVALS) for s in Q7_SEEDS]
+
+
 def pilot_skipped(run_id):
     """A pilot rung after the chosen one is not run (the ladder stops at the first collapse)."""
     rung = chosen_rung()
@@ -174,7 +202,7 @@ def jobs():
         seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
         out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
                 for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
-    return out + collapse_jobs() + q6_jobs()
+    return out + collapse_jobs() + q6_jobs() + q7_jobs()
 
 
 # -----------------------------------------------------------------------------
@@ -368,9 +396,10 @@ def evaluate(run_id, out, evals, shard, threads):
             adapter = os.path.join(out, f"checkpoint-{step}")
         dest = os.path.join(out, f"eval-{name}")
         ds = config["dataset"]                                                      # the run's own task
-        if name == "kl":
+        if name.startswith("kl"):                      # kl: every checkpoint; kl<N>: step N alone
             argv = [sys.executable, "eval.py", "--drift", out, "--dataset", ds, "--one_shot_from", ds, "--limit",
                     str(KL_PROBE[0]), "--n_samples", str(KL_PROBE[1]), "--seed", "0", "--output_dir", dest]
+            argv += ["--drift_steps", name[2:]] if name[2:] else []
         elif name.startswith("rung"):
             argv = [sys.executable, "eval.py", "--adapter", adapter, "--dataset", ds, "--split", "test", "--limit",
                     "64", "--one_shot_from", ds, *EVAL_COMMON, "--output_dir", dest]
@@ -434,17 +463,18 @@ def adapter_fingerprint(folder):
     return list(runs.weights_fingerprint([tensors[k] for k in sorted(tensors)]))
 
 
-def run_all(shard, only=(), threads=None):
+def run_all(shard, only=(), threads=None, seeds=()):
     """This worker's jobs, in order; the table is read again after each job, since the collapse
     part's test joins it once the pilot has chosen its rung. only: run-id prefixes to run, with the
-    warm-ups those runs start from."""
+    warm-ups those of them still to finish start from; seeds: only these seeds' jobs."""
     k, n = shard
     threads = threads or max(1, (os.cpu_count() or 1) // n)
     done = set()
     while True:
         table = jobs()
+        table = [job for job in table if not seeds or job[2] in seeds]
         chosen = {job[0] for job in table if not only or job[0].startswith(tuple(only))}
-        chosen |= {job[3] for job in table if job[0] in chosen and job[3]}
+        chosen |= {job[3] for job in table if job[0] in chosen and job[3] and not finished(job[0], job[4])}
         todo = [job for i, job in enumerate(table) if i % n == k and (job[0], job[4]) not in done and job[0] in chosen]
         if not todo:
             return
@@ -530,6 +560,8 @@ def main(argv=None):
     p.add_argument("--list", action="store_true", help="the run table and the state of each run")
     p.add_argument("--only", default="", metavar="PREFIX,...", help="run only the jobs whose run id starts so "
                    "(e.g. warmup-collapse,pilot)")
+    p.add_argument("--seeds", default="", metavar="S,...", help="run only these seeds' jobs (e.g. 1,3,5,7: one "
+                   "worker takes a seed's warm-up and every run that starts from it)")
     p.add_argument("--threads", type=int, default=None, help="threads per worker [default: cores / N]")
     p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
     args = p.parse_args(argv)
@@ -542,7 +574,8 @@ def main(argv=None):
         return status()
     if not args.report:
         try:
-            run_all((k, n), [x for x in args.only.split(",") if x], args.threads)
+            run_all((k, n), [x for x in args.only.split(",") if x], args.threads,
+                    [int(x) for x in args.seeds.split(",") if x])
         except Stop:
             print("stopped: the running step saved what it had; run the same command again to continue")
             return 0

@@ -289,5 +289,10 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_mod
     res = runs.read_json(str(tmp_path / "run" / "eval-kl" / "results.json"))
     assert [p["step"] for p in res["points"]] == [0, 2, 4] and all(p["tokens"] > 0 for p in res["points"])
     assert res["points"][0]["kl"] == 0.0 and res["points"][1]["kl"] == 0.0 and res["points"][2]["kl"] > 0
+    assert ev.main(["--drift", str(tmp_path / "run"), "--drift_steps", "4", "--limit", "2", "--n_samples", "2",
+                    "--one_shot_from", "none", "--output_dir", str(tmp_path / "kl4")]) == 0
+    assert runs.read_json(str(tmp_path / "kl4" / "results.json"))["points"] == res["points"][2:]    # the same point
+    with pytest.raises(DataError, match="no scheduled checkpoint there"):
+        ev.main(["--drift", str(tmp_path / "run"), "--drift_steps", "3", "--one_shot_from", "none"])
     with pytest.raises(DataError, match="no config.json"):
         ev.main(["--drift", str(tmp_path / "start")])
