@@ -6,13 +6,15 @@ flags by group, the paper's recipe and the objective first; a misspelt flag or f
 """
 import argparse
 import dataclasses
+import difflib
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from data import TASKS, check_data_dir, is_local, task_name
+from data import HUB, TASKS, check_data_dir, is_local, task_name
 from models import ALIASES
 from rollout import PATHS
 from runs import ConfigError
@@ -36,6 +38,36 @@ RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combin
 
 # what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
 UNRECORDED = {"entropy_term": "released", "released_code": False}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse as train.py and eval.py read their flags: `--max-steps` and `--max_steps` alike (TRL's and
+    HfArgumentParser's users type hyphens), no abbreviations (`--max_step` would silently set --max_steps),
+    and a bad flag answered in one line that names the closest flag, not the whole usage."""
+
+    def __init__(self, **kw):
+        super().__init__(allow_abbrev=False, **kw)
+
+    def spelling(self, arg):
+        """--max-steps -> --max_steps, --no-one-shot -> --no-one_shot, when that is a flag; else arg as given."""
+        if not arg.startswith("--") or arg == "--":
+            return arg
+        name, eq, value = arg[2:].partition("=")
+        negated = name[:3] in ("no-", "no_") and f"--no-{name[3:].replace('-', '_')}" in self._option_string_actions
+        flag = f"--no-{name[3:].replace('-', '_')}" if negated else "--" + name.replace("-", "_")
+        return flag + eq + value if flag in self._option_string_actions else arg
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args([self.spelling(a) for a in args], namespace)
+
+    def error(self, message):
+        """One line on stderr and exit code 2; an unknown flag gets the closest real one."""
+        flags = [a for a in self._option_string_actions if a.startswith("--")]
+        unknown = [w for w in message.split() if w.startswith("--")] if message.startswith("unrecognized") else []
+        close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6) if unknown else []
+        hint = f"; did you mean {close[0]}?" if close else f" (see {self.prog} --help)"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
 def flag(default, help, group="recipe", **kw):
@@ -190,8 +222,8 @@ def default_help(f):
 def build_parser(description=None):
     """The command line, generated from Config's fields, grouped as GROUPS; every default is
     argparse.SUPPRESS so that parse_args knows which flags were given."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                argument_default=argparse.SUPPRESS)
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+               argument_default=argparse.SUPPRESS)
     groups = {k: p.add_argument_group(title) for k, title in GROUPS.items()}
     m = groups["recipe"].add_mutually_exclusive_group()
     for method, what in (("gtpo", "train with GTPO (default)"), ("grpo", "train with the GRPO baseline (Eq. 1)"),
@@ -243,7 +275,13 @@ def finish(cfg):
     if cfg.max_steps == 0 or cfg.max_steps < -1:
         raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
                           f"or -1 to let --epochs decide")
-    check_data_dir(cfg.data_dir)                        # before the model loads
+    if cfg.method != "sft" and 0 < cfg.max_steps <= cfg.sft_warmup_steps:
+        raise ConfigError(f"--max_steps {cfg.max_steps} counts every optimizer step, and the first "
+                          f"--sft_warmup_steps {cfg.sft_warmup_steps} are SFT: this run would take no {cfg.method.upper()} "
+                          f"step. Raise --max_steps above {cfg.sft_warmup_steps}, or lower --sft_warmup_steps "
+                          f"(0 for a short RL-only test run)")
+    if HUB.keys() & {cfg.dataset, cfg.one_shot_from}:  # the datasets that read it; before the model loads
+        check_data_dir(cfg.data_dir)
     for name in (cfg.dataset, cfg.one_shot_from):
         if name and is_local(name) and not os.path.isfile(name):
             raise ConfigError(f"dataset file {name!r} does not exist; give a path to a .jsonl file (README: its "

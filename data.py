@@ -4,7 +4,7 @@ load_task(name, split, data_dir=None) -> list of {"question", "answer", "solutio
 where `answer` is the reference final answer and `solution` the worked solution
 (None where the dataset has none). Sources, in order:
   1. `<data_dir>/<name>/<split>.jsonl` (data_dir from the argument or $GTPO_DATA_DIR),
-     with the upstream field names -- the layout of ../shared/data;
+     with the upstream field names -- the layout `python data.py --export DIR` writes;
   2. the Hugging Face Hub;
   3. a path to any local *.jsonl file given as `name`.
 `arithmetic` (and `arithmetic-hard`, its larger numbers) is generated here from a seed and needs
@@ -238,7 +238,7 @@ def check_data_dir(data_dir):
     """data_dir itself, or DataError when it is given but is no folder (a typo would fall back to the Hub)."""
     if data_dir and not os.path.isdir(data_dir):
         raise DataError(f"data folder {data_dir!r} (--data_dir or $GTPO_DATA_DIR) does not exist; give the folder "
-                        f"that holds <dataset>/<split>.jsonl, e.g. ../shared/data")
+                        f"that holds <dataset>/<split>.jsonl (the layout `python data.py --export DIR` writes)")
     return data_dir
 
 

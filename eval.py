@@ -311,6 +311,27 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
     return model.eval(), tok
 
 
+def pick_sampler(args, model, tok, records, example, device, log=print):
+    """--rollout auto on CUDA: the kept merged copy (merged_rollout.py) when sampling with it held fits the
+    device (memory.sampling_card at this evaluation's rows and longest prompt), else `generate`;
+    elsewhere rollout.py's own auto. Said in one line."""
+    if args.rollout != "auto" or torch.device(device).type != "cuda":
+        return args.rollout
+    import memory
+    peft = getattr(model, "peft_config", {}).get("default")
+    P = max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"]) for r in records)
+    s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
+                        dtype_bytes=model.get_input_embeddings().weight.element_size(),
+                        batch_size=max(1, args.batch_size // args.n_samples),
+                        generation_size=min(args.n_samples, args.batch_size), prompt_tokens=P,
+                        completion_tokens=args.max_completion_length, sampler="merged")
+    need, have = memory.sampling_card(model.config, s), torch.cuda.get_device_properties(device).total_memory
+    sampler = "merged" if need <= have else "generate"
+    log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
+        f"{have / 1e9:.1f})")
+    return sampler
+
+
 def sample(model, tok, records, task, args, example, out_f, rows=()):
     """n completions per record, `--batch_size` completions per rollout call; rows to out_f.
     `rows`: complete problems already sampled (--resume), which are skipped."""
@@ -329,7 +350,7 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
         texts, lengths, trunc = [[] for _ in group], [[] for _ in group], [[] for _ in group]
         for done in range(0, n, chunk):
             m = min(chunk, n - done)
-            ro = rollout(model, tok, prompts, m, args.max_completion_length, args.temperature)
+            ro = rollout(model, tok, prompts, m, args.max_completion_length, args.temperature, path=args.rollout)
             lens = ro.completion_mask.sum(1).tolist()
             for j in range(len(group)):
                 texts[j] += ro.texts[j * m:(j + 1) * m]
@@ -390,7 +411,8 @@ def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cp
 # 4. main
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from config import Parser                           # train.py's flag spelling and errors
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
     a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
@@ -410,6 +432,9 @@ def parse_args(argv=None):
            "(default: arithmetic for smollm2-135m, as in its training demo; none otherwise)")
     a("--maj_subsets", type=int, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
     a("--seed", type=int, default=0, help="sampling seed")
+    a("--rollout", choices=["auto", "generate", "merged", "shared"], default="auto",
+      help="sampler, as train.py's: auto = on CUDA the merged copy when it fits the device, else generate; on "
+           "CPU the shared-prompt decode loop")
     a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
     a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=False, help="4-bit NF4 weights (slow on CPU)")
     a("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
@@ -508,10 +533,12 @@ def sampled(args):
     os.makedirs(out, exist_ok=True)
     model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
                                  pick_dtype(args.dtype, device))
+    args.rollout = pick_sampler(args, model, tok, records, example, device)
     with open(samples_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in done)
         rows = sample(model, tok, records, task, args, example, f, done)
-    meta = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "split": args.split, "task": task,
+    meta = {"model": args.model, "adapter": args.adapter, "rollout": args.rollout, "dataset": args.dataset,
+            "split": args.split, "task": task,
             "temperature": args.temperature, "max_completion_length": args.max_completion_length,
             "one_shot_from": args.one_shot_from}
     return rows, meta, ks, seed, out

@@ -273,6 +273,38 @@ def plan(config, s, budget_bytes):
     return True, m, est
 
 
+def decide(config, s, budget_bytes, checkpointing=None):
+    """train.py's memory decisions on CUDA -> (checkpointing, micro_batch_size, estimate): plan() when
+    checkpointing is not given; else s.micro_batch_size when given, or the largest that fits (fit)."""
+    if checkpointing is None:
+        return plan(config, s, budget_bytes)
+    s = dataclasses.replace(s, gradient_checkpointing=checkpointing, share_prompt=s.share_prompt and not checkpointing)
+    if s.micro_batch_size:
+        return checkpointing, s.micro_batch_size, estimate(config, s)
+    return (checkpointing, *fit(config, s, budget_bytes))
+
+
+def choose_sampler(config, s, budget_bytes, checkpointing=None):
+    """--rollout auto on CUDA: the kept merged copy (merged_rollout.py), which samples several times as fast
+    as `generate` through 4-bit layers, when the step with the copy held fits budget_bytes at the
+    micro-batch then chosen (decide); else `generate` -> (sampler, checkpointing, micro_batch_size,
+    estimate, why): why, one line saying what decided it."""
+    budget = f"{budget_bytes / GB:.1f} GB budget"
+    ckpt, m, est = decide(config, dataclasses.replace(s, sampler="merged"), budget_bytes, checkpointing)
+    if m is not None and est["card"] <= budget_bytes:
+        return "merged", ckpt, m, est, f"with its bf16 copy held the step needs {est['card'] / GB:.1f} GB of the {budget}"
+    why = (f"with the merged copy held it would need {est['card'] / GB:.1f} GB" if m is not None else
+           "with the merged copy held not even one completion per micro-batch fits")
+    return ("generate", *decide(config, dataclasses.replace(s, sampler="generate"), budget_bytes, checkpointing),
+            f"{why} of the {budget}")
+
+
+def sampling_card(config, s):
+    """What the card must hold to sample alone, as eval.py does: the sampling stage, the allocator's slack
+    and the CUDA context (an upper bound: it counts trainable weights' optimizer state eval has not)."""
+    return estimate(config, s)["sampling"] * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES
+
+
 def describe(est):
     """One line: each stage in GB (ranks and sampler only where they are not 0)."""
     return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.items() if v or k not in ("ranks", "sampler")) + " GB"
@@ -387,7 +419,8 @@ def cpu_check(name):
 
 def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
     """Lines: the estimated card memory (GB) by micro-batch with and without checkpointing, then what
-    the defaults choose (memory.plan) on one rank and on each of two: '<name> defaults: N.N GB ...'."""
+    the defaults choose: the sampler ('sampler: merged' or 'sampler: generate', choose_sampler) and
+    memory.plan with it on one rank and on each of two: '<name> defaults: N.N GB ...'."""
     config = model_config(name)
     lines = [f"{name}: B {s.batch_size} x G {s.generation_size}, prompt {s.prompt_tokens} + completion "
              f"{s.completion_tokens} tokens, LoRA {s.lora_rank}, {'NF4 ' if s.load_in_4bit else ''}"
@@ -398,8 +431,10 @@ def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
         peaks = [estimate(config, dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=ckpt,
                                                       share_prompt=not ckpt))["card"] for m in micro_batches]
         lines.append(f"| checkpointing {'on' if ckpt else 'off'} | " + " | ".join(f"{p / GB:.1f}" for p in peaks) + " |")
+    sampler, *_, why = choose_sampler(config, s, budget_bytes)
+    lines.append(f"sampler: {sampler} (--rollout auto on CUDA: {why})")
     for world in (1, 2):
-        ckpt, m, est = plan(config, dataclasses.replace(s, world_size=world), budget_bytes)
+        ckpt, m, est = plan(config, dataclasses.replace(s, world_size=world, sampler=sampler), budget_bytes)
         who = f"{name} defaults" + (f", {world} ranks (per GPU)" if world > 1 else "")
         lines.append(f"{who}: {est['card'] / GB:.1f} GB on the card ({describe(est)}) -- micro-batches of {m} of "
                      f"{s.batch_size * s.generation_size}, checkpointing {'on' if ckpt else 'off'}, budget "

@@ -69,10 +69,36 @@ def load_records(cfg, tok, records, log):
     return records, example
 
 
+def check_solutions(cfg, records, log):
+    """Before the model loads: say when the SFT steps (the warm-up, or --use_sft) or the one-shot example
+    would show records without a worked `solution` -- an empty <reasoning></reasoning>, which the
+    sampled completions then copy."""
+    def empty(record):
+        return not (record.get("solution") or "").strip()
+    missing = sum(map(empty, records)) if cfg.method == "sft" or cfg.sft_warmup_steps > 0 else 0
+    if missing:
+        what = "--use_sft" if cfg.method == "sft" else f"the SFT warm-up (--sft_warmup_steps {cfg.sft_warmup_steps})"
+        log(f"warning: {missing} of {len(records)} records of {cfg.dataset} have no `solution` (the worked reasoning): "
+            f"{what} trains on an empty <reasoning></reasoning> for them. Add a `solution` field to the records"
+            + (", or pass --sft_warmup_steps 0" if cfg.method != "sft" else ""))
+    if cfg.one_shot:
+        source = cfg.one_shot_from or cfg.dataset
+        if empty(records[0] if source == cfg.dataset else load_task(source, "train", cfg.data_dir)[0]):
+            log(f"warning: the one-shot example, the first train record of {source}, has no `solution`: every prompt "
+                f"shows an empty <reasoning></reasoning>. Give that record a `solution`, or pass --one_shot_from gsm8k "
+                f"(a built-in example) or --no-one_shot")
+
+
+def on_cuda(device):
+    """Whether the run's device is a CUDA GPU: where the memory plan, and with it --rollout auto's choice, is made."""
+    return str(device).startswith("cuda")
+
+
 def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
-    """On CUDA, before the first step: checkpointing (unless given) and the micro-batch (the largest that
-    fits, unless given), decided by the estimated memory (memory.plan), and one line saying so."""
-    if not str(device).startswith("cuda"):
+    """On CUDA, before the first step: the sampler (with --rollout auto), checkpointing (unless given) and
+    the micro-batch (the largest that fits, unless given), decided by the estimated memory (memory.py),
+    and one line saying so."""
+    if not on_cuda(device):
         return
     import memory
     from models import checkpoint_activations
@@ -81,21 +107,23 @@ def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
     s = memory.Settings.from_config(cfg, prompt_tokens, model.get_input_embeddings().weight.element_size(), world)
     if cfg.micro_batch_size == 0:                       # "all at once", given
         s = dataclasses.replace(s, micro_batch_size=s.batch_size * s.generation_size)
+    if cfg.rollout == "auto":
+        cfg.rollout, ckpt, m, est, why = memory.choose_sampler(model.config, s, budget, cfg.gradient_checkpointing)
+        log(f"sampler: {cfg.rollout} (--rollout auto: {why})")
+    else:
+        ckpt, m, est = memory.decide(model.config, s, budget, cfg.gradient_checkpointing)
     if cfg.gradient_checkpointing is None:
-        ckpt, m, est = memory.plan(model.config, s, budget)
         cfg.gradient_checkpointing = ckpt
         if ckpt:
             checkpoint_activations(model.get_base_model() if hasattr(model, "get_base_model") else model)
             cfg.share_prompt = False                    # checkpointed layers cannot keep a KV cache
-    else:
-        m, est = memory.fit(model.config, s, budget) if cfg.micro_batch_size is None else (cfg.micro_batch_size, None)
     if m is None:
         raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
                           f"(estimate {memory.describe(est)}): lower --max_completion_length or "
                           f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
     cfg.micro_batch_size = m
     s = dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=cfg.gradient_checkpointing,
-                            share_prompt=cfg.share_prompt)
+                            share_prompt=cfg.share_prompt, sampler="merged" if cfg.rollout == "merged" else "generate")
     est = memory.estimate(model.config, s)
     log(f"memory: estimated {est['card'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
         f"{m or s.batch_size * s.generation_size} completions, checkpointing "
@@ -182,6 +210,7 @@ def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = load_task(cfg.dataset, "train", cfg.data_dir)    # a bad data file fails before anything loads
+    check_solutions(cfg, records, log)
     changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
                                  cfg.allow_changes.split(","), UNRECORDED) if dist.main else {}
     dist.barrier()
@@ -189,7 +218,7 @@ def train(cfg, dist, stop):
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, records, log)
-    if str(dist.device).startswith("cuda"):
+    if on_cuda(dist.device):
         plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log, dist.world)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
@@ -295,7 +324,8 @@ def rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock,
 
 def optimizer_step(cfg, m, params, optimizer, scheduler, dist):
     """Clip, average the metrics over ranks, step (skipped, and counted, on a non-finite loss or
-    gradient), advance the schedule. Adds grad_norm and lr to m; returns whether it stepped."""
+    gradient), advance the schedule. Adds grad_norm and lr (the step's own rate) to m; returns whether
+    it stepped."""
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)      # grads already averaged
     m.update(dist.mean({k: v for k, v in m.items() if k not in ("step", "epoch", "phase")}))
     finite = math.isfinite(m["loss"]) and bool(torch.isfinite(grad_norm))
@@ -304,8 +334,8 @@ def optimizer_step(cfg, m, params, optimizer, scheduler, dist):
     else:
         m["skipped_nonfinite"] = 1
     optimizer.zero_grad(set_to_none=True)
+    m.update(grad_norm=grad_norm.item(), lr=scheduler.get_last_lr()[0])         # the rate this step used
     scheduler.step()
-    m.update(grad_norm=grad_norm.item(), lr=scheduler.get_last_lr()[0])
     return finite
 
 

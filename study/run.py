@@ -324,11 +324,12 @@ def train(run_id, flags, seed, start, shard, threads):
 def first_difference(committed, trained):
     """The first step whose row in `trained` differs from `committed` in a value the committed row logs,
     timings aside (time/*, step_time); None when none does. A metric the committed run did not log yet
-    is not compared; a missing row is a difference."""
+    is not compared; a missing row is a difference. `lr` is not compared: config.json fixes the schedule,
+    and rows logged before train.py logged each step's own rate hold the next step's."""
     old = [r for _, r in read_jsonl(committed)]
     new = [r for _, r in read_jsonl(trained)] if os.path.isfile(trained) else []
     for k, row in enumerate(old):
-        logged = {key for key in row if not key.startswith("time/") and key != "step_time"}
+        logged = {key for key in row if not key.startswith("time/") and key not in ("step_time", "lr")}
         if k >= len(new) or any(new[k].get(key) != row[key] for key in logged):
             return row.get("step", k + 1)
     return None

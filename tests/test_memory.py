@@ -81,3 +81,16 @@ def test_plan_turns_checkpointing_off_when_a_whole_group_fits_without_it():
     off, _ = fit(config, dataclasses.replace(Settings(lora_rank=64), gradient_checkpointing=False), 40e9)
     assert ckpt and (off is None or off < 12) and m >= 1 and est["card"] <= 40e9
     assert plan(config, dataclasses.replace(s, micro_batch_size=2), 80e9)[:2] == (False, 2)
+
+
+def test_the_sampler_choice_follows_the_budget():
+    """--rollout auto on CUDA: llama-8b with the defaults takes the merged copy with 80 GB and `generate` with
+    16 GB, where the copy (14 GB of bf16 Linear layers) leaves no room; `bench --parts memory` prints it."""
+    from memory import GB, choose_sampler
+    config = model_config("llama-8b")
+    sampler, _, m, est, why = choose_sampler(config, Settings(), 80e9)
+    assert sampler == "merged" and m == 12 and est["sampler"] > 13e9 and est["card"] <= 80e9 and "80.0 GB" in why
+    sampler, _, m, est, why = choose_sampler(config, Settings(), 16e9)
+    assert sampler == "generate" and m is not None and est["sampler"] == 0 and est["card"] <= 16 * GB
+    assert "sampler: merged (" in table("llama-8b", Settings(), 80e9)[-3]
+    assert "sampler: generate (" in table("llama-8b", Settings(), 16e9)[-3]

@@ -119,3 +119,72 @@ def test_the_merged_copy_is_kept_and_refreshed_in_place_with_compile_on(tiny_mod
     ids = torch.randint(0, 1000, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+def test_auto_on_cuda_takes_the_merged_copy_when_the_budget_holds_it(tiny_model_dir):
+    """--rollout auto on CUDA (train.plan_memory; --memory_budget_gb given, so no device is queried): the
+    merged copy when the step fits with it held at some micro-batch, `generate` when only the step without
+    it fits; the choice is one line and the memory line counts the copy only when it is taken."""
+    import dataclasses
+    import memory
+    import train
+    from config import parse_args
+    argv = ["--model", tiny_model_dir, "--device", "cuda", "--no-load_in_4bit", "--lora_rank", "4",
+            "--max_completion_length", "64"]
+    model, _, _ = load_model(tiny_model_dir, lora_rank=4)
+    smallest = memory.Settings.from_config(parse_args(argv), 100, 4)
+    smallest = dataclasses.replace(smallest, micro_batch_size=1, gradient_checkpointing=True, share_prompt=False)
+    need = {k: memory.estimate(model.config, dataclasses.replace(smallest, sampler=k))["card"]
+            for k in ("merged", "generate")}
+    assert need["merged"] > need["generate"]
+    for budget, want in ((2e9, "merged"), ((need["merged"] + need["generate"]) / 2, "generate")):
+        cfg, lines = parse_args(argv + ["--memory_budget_gb", str(budget / 1e9)]), []
+        train.plan_memory(cfg, load_model(tiny_model_dir, lora_rank=4)[0], 100, "cuda", lines.append)
+        assert cfg.rollout == want and lines[0].startswith(f"sampler: {want} (--rollout auto: ")
+        assert ("sampler " in lines[1]) == (want == "merged") and lines[1].startswith("memory: estimated")
+    forced = parse_args(argv + ["--memory_budget_gb", str(need["generate"] / 2e9), "--rollout", "merged"])
+    with pytest.raises(Exception, match="does not fit"):
+        train.plan_memory(forced, model, 100, "cuda", [].append)
+
+
+@pytest.mark.slow                                  # real runs in this process or a child: the slow tier
+def test_a_run_through_the_auto_choice_equals_a_forced_merged_run(tiny_args, tmp_path, monkeypatch):
+    """Three steps of train.py with the CUDA setting forced on CPU (the memory plan runs, and the merged
+    copy's decode step compiles, eager backend): --rollout auto with a roomy budget logs the very values
+    --rollout merged logs."""
+    import json
+    import train
+    from transformers import CompileConfig
+    config = CompileConfig(backend="eager")
+    config._compile_all_devices = True
+    compiled = {"cache_implementation": "static", "disable_compile": False, "compile_config": config}
+    monkeypatch.setattr(merged_rollout, "generate_kwargs", lambda device: compiled)
+    monkeypatch.setattr(train, "on_cuda", lambda device: True)
+    rows = {}
+    for path in ("auto", "merged"):
+        out = tmp_path / path
+        argv = tiny_args(out, max_steps=3, rollout=path, memory_budget_gb=2, save_steps=3)
+        assert train.main(argv) == 0
+        assert json.load(open(out / "config.json"))["rollout"] == "merged"
+        with open(out / "metrics.jsonl") as f:
+            rows[path] = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/") and k != "step_time"}
+                          for line in f]
+    assert len(rows["auto"]) == 3 and rows["auto"] == rows["merged"]
+
+
+def test_eval_samples_through_the_same_choice_on_cuda(tiny_model_dir, monkeypatch):
+    """eval.py --rollout auto: on CUDA the merged copy when sampling with it held fits the device (its total
+    memory, queried), else generate; on CPU rollout.py's own auto, unchanged."""
+    import types
+    import eval as ev
+    model, tok = _policy(tiny_model_dir)
+    records = [{"question": "What is 2 + 3?", "answer": "5"}]
+    args = ev.parse_args(["--n_samples", "8", "--max_completion_length", "64"])
+    said = []
+    for total, want in ((80e9, "merged"), (1e8, "generate")):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, t=total: types.SimpleNamespace(total_memory=t))
+        assert ev.pick_sampler(args, model, tok, records, None, "cuda", said.append) == want
+        assert said[-1].startswith(f"sampler: {want} (--rollout auto: ")
+    assert ev.pick_sampler(args, model, tok, records, None, "cpu", said.append) == "auto" and len(said) == 2
+    forced = ev.parse_args(["--rollout", "generate"])
+    assert ev.pick_sampler(forced, model, tok, records, None, "cuda", said.append) == "generate"

@@ -149,7 +149,7 @@ def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     (["--dataset", "gsm9k"], "unknown dataset 'gsm9k'"),
     (["--resume"], "no run in"),
     (["--max_steps", "0"], "--max_steps 0: give a number of optimizer steps >= 1"),
-    (["--data_dir", "/no/such/dir"], "data folder '/no/such/dir'"),
+    (["--data_dir", "/no/such/dir", "--dataset", "gsm8k"], "data folder '/no/such/dir'"),   # one that reads it
     (["--init_from", "/no/such/dir"], "--init_from '/no/such/dir' holds no adapter_model.safetensors"),
 ])
 def test_bad_flags_fail_with_a_clear_message(tmp_path, capsys, args, msg):
@@ -509,7 +509,7 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     from models import load_model
     from transformers import AutoConfig
     argv = ["--model", tiny_model_dir, "--device", "cuda", "--no-load_in_4bit", "--lora_rank", "4",
-            "--max_completion_length", "64"]
+            "--max_completion_length", "64", "--rollout", "generate"]          # the sampler: test_merged_rollout.py
     cfg = parse_args(argv)
     fixed = memory.estimate(AutoConfig.from_pretrained(tiny_model_dir), memory.Settings.from_config(cfg, 100, 4))
     tight = (fixed["card"] - fixed["peak"] + 1.0005 * fixed["h_ini"]) / 1e9     # <H>_ini's stage and a little
