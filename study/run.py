@@ -23,8 +23,8 @@ From the repository root:
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
     python -m study.run --shard 0/2 --threads 1 --only q6 &     # one part (Q6) and the warm-ups it starts from ...
     python -m study.run --shard 1/2 --threads 1 --only q6 &     # ... on two workers
-    python -m study.run --threads 1 --only q7-gtpo,q7-grpo,grpo-long --seeds 1,3,5,7 &   # Q7: one worker per seed,
-    python -m study.run --threads 1 --only q7-gtpo,q7-grpo,grpo-long --seeds 2,4,6,8 &   # its warm-up and both runs
+    python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 1,3,5,7 &    # Q7: one worker per seed,
+    python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 2,4,6,8 &    # its warm-up and both runs
     python -m study.run --list                        # the table and how far each run is
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
@@ -149,7 +149,8 @@ def q6_jobs():
     return out + [(*job, evals) for evals in ((), ("rung",), ("kl",)) for job in runs_]
 
 
-Q7_SEEDS, Q7_REUSED = (1, 2, 3, 4, 5, 6, 7, 8), (1, 2)
+Q7_SEEDS, Q7_REUSED = (1, 2, 3, 4, 5, 6, 7, 8), ()     # () since the amendment (docs/study.md, part 6)
+Q7_WARMUP = "warmup-q7"                                  # the long part's warm-up command, Q7's own runs of it
 Q7_EVALS = ("id", "id-best", "ood", "kl200")   # primary first; kl200: the KL to the warm-up at step 200 only
 Q7_GTPO = ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]     # the defaults, named
 
@@ -161,14 +162,15 @@ def q7_pair(seed):
 
 def q7_jobs():
     """Q7 (docs/study.md, part 6): GTPO with the default objective against GRPO beta = 0 over the long part's 200
-    steps, seeds 1-8, each seed's two runs from its warmup-long warm-up, seed by seed (two workers: --seeds
-    1,3,5,7 and 2,4,6,8). Each run is evaluated in the job that trains it (Q7_EVALS), so no cell needs its
-    weights trained again. The reused GRPO runs of seeds 1-2 are trained again for their OOD evaluation, which
-    checks at every step that they log the committed values. The optional released-form arm comes last."""
-    w, flags = WARMUPS["long"][:2]
+    steps, seeds 1-8, each seed's two runs from its own run of the long part's warm-up command (Q7_WARMUP),
+    seed by seed (two workers: --seeds 1,3,5,7 and 2,4,6,8). Each run is evaluated in the job that trains it
+    (Q7_EVALS), so no cell needs its weights trained again. A reused GRPO run (Q7_REUSED) would be trained
+    again for its OOD evaluation, which checks at every step that it logs the committed values. The
+    optional released-form arm comes last."""
+    w, flags = Q7_WARMUP, WARMUPS["long"][1]
     grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
     for s in Q7_SEEDS:
-        out += [(f"{w}-s{s}", flags, s, None, ())] if s not in Q7_REUSED else []    # else the long part's, listed
+        out += [(f"{w}-s{s}", flags, s, None, ())]
         out += [(q7_pair(s)[1], COMMON + Q7_GTPO, s, f"{w}-s{s}", Q7_EVALS),
                 (q7_pair(s)[0], grpo, s, f"{w}-s{s}", ("ood",) if s in Q7_REUSED else Q7_EVALS)]
     released = [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
@@ -255,7 +257,7 @@ def record_time(run_id, what, seconds, finished, shard):
     path = os.path.join(KEEP, run_id, "times.json")
     times = runs.read_json(path) if os.path.isfile(path) else {}
     times.setdefault(what, []).append({"seconds": round(seconds, 1), "finished": finished, "workers": shard[1],
-                                       "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": cpu()})
+                                       "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": cpu(), "host": host()})
     runs.write_json(path, times)
 
 
@@ -263,6 +265,20 @@ def cpu():
     """The kernels torch picks on this host (AVX512, AVX2, ...): float results differ between them in
     the last bits, so a committed run trains again bit for bit only on the kind it was trained on."""
     return torch.backends.cpu.get_cpu_capability()
+
+
+def host():
+    """The processor model and the packages that compute a run: a seed's values repeat bit for bit only where
+    all of them are the same, not merely the kind of kernels (cpu())."""
+    import importlib.metadata as meta
+    fields = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    packages = " ".join(f"{p} {meta.version(p)}" for p in ("torch", "transformers", "peft", "bitsandbytes"))
+    return (f"{fields.get('model name', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; "
+            f"{packages}")
 
 
 def committed_cpus(run_id):
@@ -317,7 +333,9 @@ def train(run_id, flags, seed, start, shard, threads):
     for f in ("config.json", "metrics.jsonl", "conflicts.json"):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
-    runs.write_json(os.path.join(keep, "host.json"), {"cpu": sorted(committed_cpus(run_id) | {cpu()})})
+    hosts = runs.read_json(os.path.join(keep, "host.json")).get("hosts", []) if committed_cpus(run_id) else []
+    runs.write_json(os.path.join(keep, "host.json"), {"cpu": sorted(committed_cpus(run_id) | {cpu()}),
+                                                      "hosts": sorted(set(hosts) | {host()})})
     return out
 
 

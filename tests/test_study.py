@@ -452,4 +452,6 @@ def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp
     (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "phase": "rl", "loss": 0.1}) + "\n")
     study.train("q6-gtpo-s25", [], 25, "warmup-collapse-s25", (0, 2), 1)
     assert len(calls) == 1
-    assert json.loads((tmp_path / "q6-gtpo-s25" / "host.json").read_text()) == {"cpu": ["AVX512"]}
+    assert json.loads((tmp_path / "q6-gtpo-s25" / "host.json").read_text()) == {"cpu": ["AVX512"],
+                                                                               "hosts": [study.host()]}
+    assert study.host().count(";") == 1 and "torch 2." in study.host() and "family" in study.host()
