@@ -4,7 +4,8 @@
     python -m bench --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
     python -m bench --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
     python -m bench --parts memory      # a step's GPU memory, estimated without a GPU (memory.py)
-    python -m bench --parts gpu --device cuda --gpu_parts step   # the paper's step on a GPU (bench/gpu.py)
+    python -m bench --parts gpu --device cuda     # the paper's step, samplers, a 40 GB cap, TRL, on a GPU (bench/gpu.py)
+    python -m bench --parts gpu --gpu_shape smollm2-135m     # its dry run on CPU
 
 1. conflict   gtpo.conflict_weights against a vocabulary-indexed implementation in the style of the
               paper's Listing 2 (bincount over t * V + token keys), at the paper's scale
@@ -573,10 +574,13 @@ def main():
                    "the estimate adds the CUDA context and the allocator's slack itself)")
     p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
     p.add_argument("--gpu_shape", default="llama-8b", help="gpu part: llama-8b, qwen2.5-3b, llama-1b (random weights), tiny (a CPU dry run), or a model alias / folder")
-    p.add_argument("--gpu_parts", default="sampling,step,determinism", help="gpu part: which of sampling,step,determinism,h_ini")
-    p.add_argument("--gpu_sample_tokens", type=int, default=128, help="gpu part: forced tokens per sampler")
-    p.add_argument("--gpu_step_tokens", type=int, default=1500, help="gpu part: forced tokens of the paper step")
-    p.add_argument("--gpu_det_tokens", type=int, default=32, help="gpu part: forced tokens of the determinism steps")
+    p.add_argument("--gpu_parts", default="all", help="gpu part: all (samplers,step,cap40,trl) or a comma-separated subset of samplers,step,cap40,trl,determinism,h_ini")
+    p.add_argument("--gpu_sample_tokens", type=int, default=None, help="gpu part: forced tokens per sampler [default: 128 on CUDA, 8 on CPU]")
+    p.add_argument("--gpu_step_tokens", type=int, default=None, help="gpu part: forced tokens of the paper step and cap40's [default: 1500 on CUDA, 16 on CPU]")
+    p.add_argument("--gpu_trl_tokens", type=int, default=None, help="gpu part: forced tokens of the TRL comparison [default: 256 on CUDA, 8 on CPU]")
+    p.add_argument("--gpu_det_tokens", type=int, default=None, help="gpu part: forced tokens of the determinism steps [default: 32 on CUDA, 4 on CPU]")
+    p.add_argument("--gpu_out", default="bench-gpu.json", help="gpu part: its results, a key per part")
+    p.add_argument("--gpu_cap_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -1,29 +1,40 @@
 """`python -m bench --parts gpu`: the paper's step measured on a lent GPU, in one command.
 
 On a random-weight model of the paper's shape (--gpu_shape llama-8b: 4-bit NF4, LoRA 128, bf16),
-train.py's CUDA defaults, one ~250-token prompt and G = 12 completions:
-1. sampling     each sampler, --gpu_sample_tokens forced tokens, its second call timed: seconds,
+train.py's CUDA defaults (the memory plan and --rollout auto's sampler included), one ~250-token prompt
+and G = 12 completions. --gpu_parts all is samplers,step,cap40,trl (about 7 minutes on one H100); each
+part's results also go to --gpu_out, one JSON with a key per part:
+1. samplers     each sampler, --gpu_sample_tokens forced tokens, its second call timed: seconds,
                 tokens/s per sequence and in all, the weight-streaming bound (sampling weights' bytes
                 / measured bandwidth per decode step), peak memory. Samplers: generate (4-bit,
                 eager), merged (the policy's kept bf16 copy with LoRA merged, refreshed in place,
                 static cache, eager) and merged+compile
 2. step         one step.rl_step at --gpu_step_tokens forced tokens (1,500: the paper's length):
                 seconds per stage and the step; peak memory per stage (torch.cuda.max_memory_allocated)
-                beside memory.estimate's
-3. determinism  the same 3 steps twice from one seed (--gpu_det_tokens): the metrics that differ (from
+                and the card's peak (reserved + managed) beside memory.estimate's
+3. cap40        in a fresh process capped at 40 GB (torch.cuda.set_per_process_memory_fraction), the
+                paper's A100 40GB: the memory plan for a 40 GB budget, then 2 steps at --gpu_step_tokens;
+                whether it ran out of memory, its seconds and peaks
+4. trl          TRL's GRPOTrainer (no vLLM: `generate` through the same 4-bit policy with LoRA) on the same
+                model, G and --gpu_trl_tokens forced tokens, against step.rl_step at that length:
+                median seconds per step after the first, and the ratio
+5. determinism  the same 3 steps twice from one seed (--gpu_det_tokens): the metrics that differ (from
                 which step, by how much) and the weights; where some do, the pair again under
                 torch.use_deterministic_algorithms (strict: an operation without a deterministic
                 kernel stops it and is named)
-4. h_ini        (only when asked: --gpu_parts h_ini) train.py's <H>_ini pass before step 1 at
-                --gpu_step_tokens forced tokens: seconds, peak memory beside memory.estimate's
---gpu_shape tiny runs the same code on a 2-layer model, on CPU in seconds (the fast tier's dry run);
---gpu_shape smollm2-135m (or any model alias or folder) uses that model's own weights.
+6. h_ini        train.py's <H>_ini pass before step 1 at --gpu_step_tokens forced tokens: seconds,
+                peak memory beside memory.estimate's
+--device cpu runs the same code with G = 4 and a few tokens per part (token flags left unset): --gpu_shape tiny,
+a 2-layer model, in seconds; --gpu_shape smollm2-135m (or any model alias or folder), that model's own
+weights, the dry run of --gpu_parts all.
 """
 import copy
 import dataclasses
 import json
 import math
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +47,12 @@ from models import autocast
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
+PARTS = ("samplers", "step", "cap40", "trl", "determinism", "h_ini")
+ALL = ("samplers", "step", "cap40", "trl")
+# forced tokens per part when not given: (CUDA, CPU dry run)
+TOKENS = {"gpu_sample_tokens": (128, 8), "gpu_step_tokens": (1500, 16), "gpu_trl_tokens": (256, 8),
+          "gpu_det_tokens": (32, 4)}
+CAP_GB = 40
 SAMPLERS = {"generate": ("generate", {}), "merged": ("merged", {"disable_compile": True}),
             "merged+compile": ("merged", {})}
 
@@ -88,6 +105,8 @@ def random_model_dir(shape, device):
     model.save_pretrained(d)
     tok.save_pretrained(d)
     del model
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()                        # the next parts (a capped child process first) need it
     return d
 
 
@@ -96,7 +115,8 @@ def setup(args, folder, extra=()):
     import train
     from config import parse_args
     from models import load_model, pick_dtype
-    cfg = parse_args(["--model", folder, "--dataset", "gsm8k", "--generation_size", "12", "--device", args.device,
+    G = "12" if args.device.startswith("cuda") else "4"                     # the paper's G; a CPU dry run's
+    cfg = parse_args(["--model", folder, "--dataset", "gsm8k", "--generation_size", G, "--device", args.device,
                       "--max_completion_length", str(args.gpu_step_tokens),
                       "--lora_rank", "128" if args.gpu_shape == "llama-8b" else "64", "--entropy_filter", "all",
                       "--load_in_4bit", "--dtype", "bfloat16", *extra])
@@ -123,7 +143,7 @@ def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
 
 
 def sampling(args, cfg, model, tok, prompt, res):
-    """Part 1: each sampler's seconds, tokens/s and peak for G rows of --gpu_sample_tokens forced
+    """Part 1 (samplers): each sampler's seconds, tokens/s and peak for G rows of --gpu_sample_tokens forced
     tokens, each called twice and the second call timed: for the merged samplers that is the policy's
     one kept copy refreshed in place and sampled from (merged_rollout.merged_sampler), what a training
     step pays; the first call builds it (and compiles)."""
@@ -136,12 +156,12 @@ def sampling(args, cfg, model, tok, prompt, res):
     enc = tok([prompt], return_tensors="pt", add_special_tokens=False,
               pad_to_multiple_of=merged_rollout.PAD_MULTIPLE).to(args.device)
     eos, pad = eos_ids(model, tok), tok.pad_token_id
-    print(f"\n1. sampling: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} tokens; "
+    print(f"\n1. samplers: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} tokens; "
           f"bandwidth {bandwidth / 1e9:.0f} GB/s")
     print("| sampler | first call s | seconds | tok/s per sequence | tok/s in all | bound tok/s per sequence | "
           "of bound | peak GB |")
     print("|---|---|---|---|---|---|---|---|")
-    res["sampling"] = {}
+    res["samplers"] = {}
     model.eval()
     for name, (path, extra) in SAMPLERS.items():
         if name == "merged+compile" and not args.device.startswith("cuda"):
@@ -162,7 +182,7 @@ def sampling(args, cfg, model, tok, prompt, res):
         row = {"first_call_seconds": calls[0], "seconds": sec, "tokens_per_s_per_sequence": L / sec,
                "tokens_per_s": G * L / sec, "bound_per_sequence": bound, "share_of_bound": L / sec / bound,
                "peak_gb": clock.peaks.get("generate", 0) / 1e9}
-        res["sampling"][name] = row
+        res["samplers"][name] = row
         print(f"| {name} | {calls[0]:.2f} | {sec:.2f} | {L / sec:.1f} | {G * L / sec:.0f} | {bound:.0f} | "
               f"{L / sec / bound:.0%} | {_gb(clock, 'generate')} |")
         del sampler
@@ -193,8 +213,13 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
         e, held = stage_est.get(stage), clock.reserved.get(stage)
         print(f"| {stage} | {sec:.2f} | {_gb(clock, stage)} | {'–' if held is None else f'{held / 1e9:.2f}'} | "
               f"{'' if e is None else f'{e / 1e9:.2f}'} |")
+    card = max(clock.reserved.values(), default=None)
+    if card is not None:
+        print(f"card: reserved + managed peak {card / 1e9:.2f} GB, estimated {est['card'] / 1e9:.2f} GB "
+              f"({card / est['card'] - 1:+.0%})")
     res["step"] = {"seconds": clock.parts, "total": total, "peaks": clock.peaks, "reserved_plus_managed": clock.reserved,
-                   "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout}
+                   "card": card, "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout,
+                   "gradient_checkpointing": cfg.gradient_checkpointing, "tokens": args.gpu_step_tokens}
 
 
 def initial_entropy(args, cfg, model, tok, prompt, res):
@@ -268,31 +293,141 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
             torch.use_deterministic_algorithms(False)
 
 
+def cap40(args, folder, res):
+    """Part 3: the same defaults in a fresh process capped at CAP_GB (--gpu_cap_child), so that nothing this
+    process holds counts against the cap; its results come back as JSON."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cap.json")
+        cmd = [sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_parts", "cap40", "--gpu_cap_child", folder,
+               "--device", args.device, "--gpu_shape", args.gpu_shape, "--gpu_step_tokens", str(args.gpu_step_tokens),
+               f"--flags={args.flags}", "--out", os.path.join(d, "bench.json"), "--gpu_out", out]
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        print(r.stdout[r.stdout.find("\n3. cap40"):] if "\n3. cap40" in r.stdout else "", end="")
+        if r.returncode != 0 or not os.path.isfile(out):
+            res["cap40"] = {"error": (r.stderr.strip().splitlines() or ["no output"])[-1], "exit": r.returncode}
+            print(f"3. cap40: the child failed (exit {r.returncode}): {res['cap40']['error']}")
+            return
+        res["cap40"] = json.load(open(out))["cap40"]
+
+
+def cap40_child(args, folder, res):
+    """Part 3, in the child: cap the process at CAP_GB before any CUDA allocation (on CPU nothing caps), plan
+    for that budget as train.py does, then 2 steps at --gpu_step_tokens."""
+    import train
+    from bench.common import bench_prompt
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        total = torch.cuda.get_device_properties(args.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, CAP_GB * 1e9 / total), args.device)
+    cfg, model, tok, optimizer, params = setup(args, folder, [*args.flags.split(), "--memory_budget_gb", str(CAP_GB)])
+    prompt, answer = bench_prompt(tok, 250)
+    said = []
+    train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, said.append)
+    row = {"budget_gb": CAP_GB, "plan": said, "rollout": cfg.rollout, "micro_batch_size": cfg.micro_batch_size,
+           "gradient_checkpointing": cfg.gradient_checkpointing, "steps": [], "out_of_memory": False}
+    print(f"\n3. cap40: {CAP_GB} GB for this process; " + (" / ".join(said) if cuda else "CPU: no cap and no plan"))
+    try:
+        for _ in range(2):
+            m, clock = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
+            row["steps"].append({"seconds": sum(clock.parts.values()), "peak": max(clock.peaks.values(), default=None),
+                                 "reserved_plus_managed": max(clock.reserved.values(), default=None)})
+    except torch.cuda.OutOfMemoryError as e:
+        row["out_of_memory"] = str(e).splitlines()[0]
+    print(f"   {len(row['steps'])} steps: " + ", ".join(
+        f"{x['seconds']:.1f} s" + (f" (peak {x['reserved_plus_managed'] / 1e9:.1f} GB reserved + managed)"
+                                   if x["reserved_plus_managed"] else "") for x in row["steps"])
+          + (f"; out of memory: {row['out_of_memory']}" if row["out_of_memory"] else "; no out-of-memory"))
+    res["cap40"] = row
+
+
+def trl_against(args, cfg, model, tok, optimizer, params, prompt, answer, res):
+    """Part 4: TRL's GRPOTrainer on this model (its LoRA adapters trained by TRL's own optimizer), G and
+    --gpu_trl_tokens forced tokens, GRPO beta 0, checkpointing as this run's; then step.rl_step at that
+    length, run first. Medians over the steps after each one's first (TRL: between consecutive step ends)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    T, G, steps = args.gpu_trl_tokens, cfg.generation_size, 3
+    ends = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            ends.append(time.perf_counter())
+
+    def spread(completions, **_):                       # rewards with a spread, as bench.common.spread_rewards
+        return [float(i % 2) for i in range(len(completions))]
+    mine = [sum(one_step(cfg, model, tok, optimizer, params, prompt, answer, T)[1].parts.values())
+            for _ in range(steps)]                          # first: TRL's trainer may change the model's settings
+    ours = statistics.median(mine[1:])
+    cuda = args.device.startswith("cuda")
+    with tempfile.TemporaryDirectory() as d:
+        targs = GRPOConfig(output_dir=d, per_device_train_batch_size=G, num_generations=G, max_completion_length=T,
+                           generation_kwargs={"min_new_tokens": T}, max_steps=steps, learning_rate=cfg.lr, beta=0.0,
+                           temperature=1.0, top_k=0, bf16=cuda, use_cpu=not cuda, report_to="none",
+                           save_strategy="no", logging_steps=1, disable_tqdm=True,
+                           gradient_checkpointing=bool(cfg.gradient_checkpointing))
+        trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[spread], args=targs,
+                              train_dataset=Dataset.from_list([{"prompt": prompt}] * (G * steps)),
+                              callbacks=[StepEnds()])
+        trainer.train()
+    theirs = statistics.median(b - a for a, b in zip(ends, ends[1:]))
+    print(f"\n4. trl: G {G} x {T} forced tokens, medians after the first step: GRPOTrainer {theirs:.2f} s, "
+          f"step.rl_step (rollout {cfg.rollout}) {ours:.2f} s: TRL / ours {theirs / ours:.2f}")
+    res["trl"] = {"tokens": T, "grpo_trainer_s": theirs, "ours_s": ours, "trl_over_ours": theirs / ours,
+                  "rollout": cfg.rollout, "trl_step_ends": len(ends)}
+
+
 def run(args, res):
     """The benchmark's `gpu` part (module docstring)."""
     import train
     from bench.common import bench_prompt
-    if args.device.startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # lets part 3 try deterministic cuBLAS
+    parts = list(ALL) if args.gpu_parts == "all" else args.gpu_parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--gpu_parts: unknown {sorted(unknown)}; choose from all or {','.join(PARTS)}")
+    cuda = args.device.startswith("cuda")
+    for flag, (on_gpu, on_cpu) in TOKENS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, on_gpu if cuda else on_cpu)
+    if cuda:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # lets part 5 try deterministic cuBLAS
+    res["gpu"] = gpu = {}
+    if args.gpu_cap_child:                              # part 3's fresh process
+        cap40_child(args, args.gpu_cap_child, gpu)
+        return write(args, gpu, ["cap40"])
     t0 = time.time()
     if args.gpu_shape in memory.SHAPES or args.gpu_shape == "tiny":
         folder = random_model_dir(args.gpu_shape, args.device)
     else:                                               # a real model: alias or folder (models.resolve)
         from models import resolve
         folder = resolve(args.gpu_shape)[0]
+    if "cap40" in parts:                                # first: before this process holds any GPU memory
+        cap40(args, folder, gpu)
     cfg, model, tok, optimizer, params = setup(args, folder, args.flags.split())
     prompt, answer = bench_prompt(tok, 250)
     train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
-    res["gpu"] = {"shape": args.gpu_shape, "device": res["device"], "setup_seconds": time.time() - t0}
-    print(f"\n{args.gpu_shape} ({'random' if folder.startswith(tempfile.gettempdir()) else 'its own'} weights), 4-bit NF4, LoRA {cfg.lora_rank}, on {res['device']}: "
-          f"set up in {time.time() - t0:.0f} s")
-    for part in args.gpu_parts.split(","):
-        {"sampling": lambda: sampling(args, cfg, model, tok, prompt, res["gpu"]),
-         "step": lambda: paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
-         "determinism": lambda: determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res["gpu"]),
-         "h_ini": lambda: initial_entropy(args, cfg, model, tok, prompt, res["gpu"]),
+    print(f"\n{args.gpu_shape} ({'random' if folder.startswith(tempfile.gettempdir()) else 'its own'} weights), "
+          f"4-bit NF4, LoRA {cfg.lora_rank}, on {res['device']}: set up in {time.time() - t0:.0f} s")
+    for part in parts:
+        t = time.time()
+        {"samplers": lambda: sampling(args, cfg, model, tok, prompt, gpu),
+         "step": lambda: paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, gpu),
+         "cap40": lambda: None,                                                   # ran above
+         "trl": lambda: trl_against(args, cfg, model, tok, optimizer, params, prompt, answer, gpu),
+         "determinism": lambda: determinism(args, cfg, model, tok, optimizer, params, prompt, answer, gpu),
+         "h_ini": lambda: initial_entropy(args, cfg, model, tok, prompt, gpu),
          }[part]()
+        if part != "cap40":
+            gpu[part]["part_seconds"] = time.time() - t
         sys.stdout.flush()
-    res["gpu"]["seconds"] = time.time() - t0
+    for part in parts:
+        gpu[part].update(shape=args.gpu_shape, device=res["device"])
     print(f"\ngpu part: {time.time() - t0:.0f} s")
-    print(json.dumps({k: v for k, v in res["gpu"].items() if k == "determinism"}))
+    write(args, gpu, parts)
+
+
+def write(args, gpu, parts):
+    """--gpu_out: one JSON object, a key per part run."""
+    with open(args.gpu_out, "w") as f:
+        json.dump({part: gpu[part] for part in parts}, f, indent=2)
+    print(f"wrote {args.gpu_out}")

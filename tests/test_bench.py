@@ -15,19 +15,40 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_shape", "tiny", "--gpu_sample_tokens", "4",
                         "--gpu_step_tokens", "8", "--gpu_det_tokens", "4", "--flags", "--generation_size 4",
-                        "--gpu_parts", "sampling,step,determinism,h_ini",
+                        "--gpu_parts", "samplers,step,determinism,h_ini",
                         "--out", str(out)], cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout
     assert "| generate |" in text and "| merged |" in text                         # samplers (compile: CUDA only)
     assert "| forward |" in text and "| backward |" in text and "| optimizer |" in text
     res = json.loads(out.read_text())["gpu"]
-    assert set(res["sampling"]) == {"generate", "merged"}
-    assert all(v["seconds"] > 0 and v["first_call_seconds"] > 0 for v in res["sampling"].values())
+    assert set(res["samplers"]) == {"generate", "merged"}
+    assert all(v["seconds"] > 0 and v["first_call_seconds"] > 0 for v in res["samplers"].values())
     assert res["step"]["estimate"]["peak"] > res["step"]["estimate"]["weights"] > 0
     assert res["determinism"]["differ"] == {}                                   # CPU: bit for bit
     assert "identical: every metric and the weights bit for bit" in text
     assert res["h_ini"]["seconds"] > 0 and res["h_ini"]["estimate"] > 0 and res["h_ini"]["mean"] > 0
+
+
+@pytest.mark.slow                                     # the device script's dry run: the embedded model, every part
+def test_all_gpu_parts_dry_run_on_cpu_with_the_embedded_model(tmp_path):
+    """`python -m bench --parts gpu --gpu_parts all --device cpu --gpu_shape smollm2-135m`: the script a lent
+    GPU runs, tiny, writes one JSON with the four parts: the samplers, the step with its estimate, the
+    capped child's 2 steps, and TRL's GRPOTrainer against our step."""
+    pytest.importorskip("trl")
+    out = tmp_path / "gpu.json"
+    r = subprocess.run([sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_parts", "all", "--device", "cpu",
+                        "--gpu_shape", "smollm2-135m", "--out", str(tmp_path / "bench.json"), "--gpu_out", str(out)],
+                       cwd=HERE, env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert list(res) == ["samplers", "step", "cap40", "trl"]
+    assert set(res["samplers"]) == {"generate", "merged"} and res["samplers"]["merged"]["tokens_per_s_per_sequence"] > 0
+    assert res["step"]["tokens"] == 16 and res["step"]["total"] > 0 and res["step"]["estimate"]["card"] > 0
+    assert res["cap40"]["out_of_memory"] is False and len(res["cap40"]["steps"]) == 2 and res["cap40"]["budget_gb"] == 40
+    assert res["trl"]["grpo_trainer_s"] > 0 and res["trl"]["ours_s"] > 0 and res["trl"]["trl_step_ends"] == 3
+    assert res["trl"]["trl_over_ours"] == res["trl"]["grpo_trainer_s"] / res["trl"]["ours_s"]
+    assert "3. cap40" in r.stdout and "4. trl" in r.stdout and all(v["shape"] == "smollm2-135m" for v in res.values())
 
 
 def test_differences_name_each_metric_with_its_first_step_and_largest_relative_gap():
