@@ -5,7 +5,8 @@ alone (study/run.py runs the plan and copies them there; docs/study.md declares 
 
 Sections: the questions (Q1-Q3 and the first design re-tested: paired units, sign-flip p,
 problem-level interval, verdict); Q4 and the collapse part (the pilot ladder, the test, Fisher's
-exact test); Q5 (conflict tokens); the configuration summary; cost; plots.
+exact test); Q6; Q7 (the default objective over 200 steps, one-sided sign-flip test); Q5 (conflict
+tokens); the configuration summary; cost; plots.
 """
 import math
 import os
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import runs
-from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, Q6_SEEDS, Q6_START, RUNS,
-                       TEST_SEEDS, collapse_jobs, collapse_step, jobs, load, q6_jobs, q6_pair, trailing)
+from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, Q6_SEEDS, Q6_START, Q7_SEEDS, RUNS,
+                       TEST_SEEDS, collapse_jobs, collapse_step, jobs, load, q6_jobs, q6_pair, q7_jobs, q7_pair,
+                       trailing)
 
 
 V1 = os.path.join(KEEP, "v1")          # the first design's runs: 16 problems per set, no per-problem counts
@@ -178,6 +180,8 @@ def questions():
 
 
 def seeds_of(name, base):
+    if name.startswith("q7-"):
+        return Q7_SEEDS
     return V1_RUNS[name] if base == V1 else next(ss for n, _, ss, _, _ in RUNS if n == name)
 
 
@@ -331,11 +335,15 @@ def worked(attempt):
     return attempt["seconds"] - attempt.get("paused_seconds", 0)
 
 
-def cost_hours(collapse=False, q6=False):
+def cost_hours(collapse=False, q6=False, q7=False):
     """Worker-hours spent (every attempt, worked()): the main and long parts; with collapse=True the
     collapse part; with q6=True Q6 -- its own runs, and the attempts of the warm-ups it reused from
-    Q6_START on (their weights are not committed, so Q6 trained them again)."""
-    q6_ids = {run_id for run_id, *_ in q6_jobs()}
+    Q6_START on (their weights are not committed, so Q6 trained them again); with q7=True Q7's runs and
+    warm-ups."""
+    q7_ids = {run_id for run_id, *_ in q7_jobs()}
+    if q7:
+        return sum(worked(t) for run_id in q7_ids for t in attempts(run_id)) / 3600
+    q6_ids = {run_id for run_id, *_ in q6_jobs()} | q7_ids
     reused = {start for *_, start, _ in q6_jobs() if start} - q6_ids        # part 3's warm-ups, trained again
     part = {run_id for run_id, *_ in collapse_jobs()} | reused
     ids = dict.fromkeys([run_id for run_id, *_ in jobs()] + sorted(reused))   # an id repeats for its evaluations
@@ -347,12 +355,14 @@ def cost_hours(collapse=False, q6=False):
         if collapse:
             return run_id in part and run_id not in q6_ids and not again
         return run_id not in part and run_id not in q6_ids
-    total = 0.0
-    for run_id in ids:
-        path = os.path.join(KEEP, run_id, "times.json")
-        if os.path.isfile(path):        # times.json, not load(): a run stopped before it finished has attempts too
-            total += sum(worked(t) for ts in runs.read_json(path).values() for t in ts if counted(run_id, t))
-    return total / 3600
+    return sum(worked(t) for run_id in ids for t in attempts(run_id) if counted(run_id, t)) / 3600
+
+
+def attempts(run_id):
+    """Every attempt of a run's jobs in its times.json (not load(): a run stopped before it finished has
+    attempts too)."""
+    path = os.path.join(KEEP, run_id, "times.json")
+    return [t for ts in runs.read_json(path).values() for t in ts] if os.path.isfile(path) else []
 
 
 # -----------------------------------------------------------------------------
@@ -515,6 +525,88 @@ def q6_lines():
                    f"{sum(flags['gtpo'])} of {n}; Fisher's exact test, one-sided, p = {p:.3f}")
 
 
+# -----------------------------------------------------------------------------
+# Q7 (docs/study.md, part 6): the default objective against GRPO over the long part's 200 steps
+
+def sign_flip_one_sided(diffs):
+    """Exact one-sided sign-flip p of mean(diffs) > 0: the share of the 2^m sign patterns whose sum is at
+    least the observed sum (a zero difference flips to itself)."""
+    obs, m = sum(diffs), len(diffs)
+    return sum(sum(d if mask >> i & 1 else -d for i, d in enumerate(diffs)) >= obs - 1e-12
+               for mask in range(2 ** m)) / 2 ** m
+
+
+def q7_verdict(diffs):
+    """docs/study.md part 6's rule on the paired differences GTPO - GRPO -> (verdict, p of the observed
+    direction)."""
+    mean = statistics.fmean(diffs)
+    if mean == 0:
+        return "no difference", 1.0
+    if mean > 0:
+        p = sign_flip_one_sided(diffs)
+        return ("holds" if p <= 0.05 else "same direction, within noise"), p
+    p = sign_flip_one_sided([-d for d in diffs])
+    return ("contradicted" if p <= 0.05 else "opposite direction, within noise"), p
+
+
+def q7_cells(d):
+    """A Q7 run's table cells: ID pass@1 final with its formatting share and mean length, best checkpoint,
+    OOD, training formatting and accuracy (first 10 -> last 10 RL steps), entropy, zero-gradient steps,
+    share filtered, KL at step 200, host."""
+    w, rows, ev = COLLAPSE_WINDOW, d["rl"], d["evals"]
+    first, last = rows[:w], rows[-w:]
+    ent = trailing([r["entropy"] for r in rows], w)
+    idf = ev.get("id")
+    best = ev.get("id-best")
+    kl = ev.get("kl200") or ev.get("kl")
+    kl200 = next((p["kl"] for p in kl["points"] if p["step"] == 200), None) if kl else None
+    host = d.get("host.json", {}).get("hosts", d.get("host.json", {}).get("cpu", ["–"]))
+
+    def pct(rs, key):
+        return statistics.fmean(10 * r[key] for r in rs)
+    return (f"{idf['pass@k']['1']:.3f} | {100 * idf['format_rate']:.0f} | {idf['mean_length']:.0f} | "
+            if idf else "– | – | – | ") + (
+        f"{best['pass@k']['1']:.3f} ({d.get('best.json', {}).get('step', '?')}) | " if best else "– | ") + (
+        f"{ev['ood']['pass@k']['1']:.3f} | " if "ood" in ev else "– | ") + (
+        f"{pct(first, 'rewards/format'):.0f} → {pct(last, 'rewards/format'):.0f} | "
+        f"{pct(first, 'rewards/accuracy'):.1f} → {pct(last, 'rewards/accuracy'):.1f} | "
+        f"{ent[w - 1]:.2f} → {min(ent):.2f} → {ent[-1]:.2f} | {zero_gradient_steps(d)} | "
+        f"{100 * statistics.fmean(r.get('gtpo/filtered_frac', 0.0) for r in rows):.1f} | "
+        f"{'–' if kl200 is None else f'{kl200:.3f}'} | {'; '.join(host)} |")
+
+
+def q7_lines():
+    """Q7's table, a row per run (the optional released-form arm where it ran), and the verdict once all 8
+    seeds have both runs' ID evaluations; the released-form contrast, two-sided, where its seeds are done."""
+    lines = ["| seed | method | ID pass@1 final | ID format % | ID length | ID pass@1 best (step) | OOD pass@1 | "
+             "train format % (first 10 → last 10) | train accuracy % (first 10 → last 10) | entropy (trailing 10): "
+             "first → min → last | zero-gradient steps | filtered % | KL to the warm-up, step 200 | host |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    diffs, released = [], []
+    for s in Q7_SEEDS:
+        grpo, gtpo = (load(run_id) for run_id in q7_pair(s))
+        rel = load(f"q7-released-s{s}")
+        for label, d in (("GRPO β=0", grpo), ("GTPO, Eq. 7 (default)", gtpo), ("GTPO, released form", rel)):
+            if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW:
+                lines.append(f"| {s} | {label} | {q7_cells(d)}")
+        if grpo and gtpo and "id" in grpo["evals"] and "id" in gtpo["evals"]:
+            diffs.append(pass1(gtpo, "id")[0] - pass1(grpo, "id")[0])
+        if gtpo and rel and "id" in gtpo["evals"] and "id" in rel["evals"]:
+            released.append(pass1(gtpo, "id")[0] - pass1(rel, "id")[0])
+    extra = []
+    if released:
+        mean, p = statistics.fmean(released), sign_flip_p(released)
+        word = "no difference" if mean == 0 else ("Eq. 7 above released" if mean > 0 else "Eq. 7 below released")
+        extra = ["", f"Optional arm, GTPO Eq. 7 − released form on {len(released)} seeds: mean ID pass@1 difference "
+                 f"{mean:+.3f}, two-sided sign-flip p = {p:.3f} ({word}{', within noise' if p > 0.05 else ''})"]
+    if len(diffs) < len(Q7_SEEDS):
+        return lines + extra, f"not finished ({len(diffs)} of {len(Q7_SEEDS)} seeds have both runs evaluated)"
+    verdict_, p = q7_verdict(diffs)
+    return lines + extra, (f"{verdict_}: ID pass@1 GTPO − GRPO {statistics.fmean(diffs):+.3f} on average, GTPO "
+                           f"higher in {sum(d > 0 for d in diffs)} of {len(diffs)} seeds; exact one-sided sign-flip "
+                           f"test, p = {p:.3f}")
+
+
 def write_summary():
     rows = question_rows()
     q4, q4_rule = collapse_lines()
@@ -522,6 +614,7 @@ def write_summary():
     ladder, ladder_rule = ladder_lines()
     test, test_rule, secondary = collapse_test_lines()
     q6, q6_rule = q6_lines()
+    q7, q7_rule = q7_lines()
     lines = ["## Questions, tests, verdicts (docs/study.md declares them)", ""] + question_lines(rows) + [
         "", "run-level p: exact two-sided sign-flip test over the paired runs (its smallest possible value in "
         "brackets); problem-level CI: the problems resampled, the runs fixed.", "",
@@ -531,14 +624,16 @@ def write_summary():
         "", "Each test run's curves (described; the rule above decides what counts as a collapse):", ""] + \
         test_curve_lines() + [
         "", f"## Q6: with Eq. 7's entropy term as written, does GTPO collapse less than GRPO? — {q6_rule}", ""] + q6 + [
+        "", f"## Q7: does the default objective (Eq. 7 as written) reach a higher ID pass@1 than GRPO β = 0 after 200 "
+        f"steps? — {q7_rule}", ""] + q7 + [
         "", f"## Q5: conflict tokens are mostly format tokens (Sec. 4.1) — {q5_rule}", ""] + q5 + [
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "
-        f"collapse part {cost_hours(collapse=True):.2f}; Q6 {cost_hours(q6=True):.2f}"]
+        f"collapse part {cost_hours(collapse=True):.2f}; Q6 {cost_hours(q6=True):.2f}; Q7 {cost_hours(q7=True):.2f}"]
     runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
     runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule,
                                                          "ladder": ladder_rule, "collapse_test": test_rule,
-                                                         "q6": q6_rule})
+                                                         "q6": q6_rule, "q7": q7_rule})
     print("\n".join(lines))
 
 
@@ -639,6 +734,7 @@ def plot_passk(path):
     return True
 
 
+Q7_LABELS = {"q7-gtpo": "GTPO, Eq. 7 as written (default)", "q7-grpo": "GRPO β=0"}
 V1_LABELS = {"gtpo": "GTPO", "grpo": "GRPO β=0", "gtpo-masks-only": "conflict masks only (γ=0, no δ)",
              "gtpo-delta": "GTPO, δ_i on all", "gtpo-onlyneg": "GTPO, δ_i on negatives (OnlyNeg)",
              "grpo-entropy": "GRPO + δ_i + γ"}
@@ -717,6 +813,8 @@ def report():
                                                         "GTPO vs GRPO β=0 under both Adam settings", p, 5)),
              ("curves-long.png", lambda p: plot_curves(["gtpo-long", "grpo-long"], "200 steps from <H>_ini < ln 2",
                                                        p, 10, kl=True)),
+             ("curves-q7.png", lambda p: plot_curves(["q7-gtpo", "q7-grpo"], "Q7: the default objective against "
+                                                     "GRPO, 200 steps", p, 10, labels=Q7_LABELS)),
              ("passk.png", plot_passk),
              ("collapse-ladder.png", lambda p: plot_runs(ladder_plot_rows(), "The collapse pilot (seed "
                                                          f"{PILOT_SEED}): GRPO solid, GTPO dashed", p)),

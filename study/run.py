@@ -545,7 +545,7 @@ def load(run_id, base=None):
     evals = {f[5:-5]: runs.read_json(os.path.join(d, f)) for f in sorted(os.listdir(d))
              if f.startswith("eval-") and f.endswith(".json")}
     files = {f: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json", "config.json",
-                                                      "diverged.json")
+                                                      "diverged.json", "host.json")
              if os.path.isfile(os.path.join(d, f))}
     return {"rl": [r for r in rows if r.get("phase") == "rl"], "evals": evals, **files}
 

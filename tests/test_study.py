@@ -360,6 +360,71 @@ def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
     assert study_report.cost_hours(collapse=True) == pytest.approx(0.5)
 
 
+def test_one_sided_sign_flip_hand_values():
+    """8 of 8 in one direction: 1/256; the sum's rank among the 2^m patterns otherwise; a zero flips to itself."""
+    assert study_report.sign_flip_one_sided([0.1] * 8) == 1 / 256
+    assert study_report.sign_flip_one_sided([-0.1] * 8) == 1.0
+    assert study_report.sign_flip_one_sided([0.3, -0.1]) == 2 / 4          # +-: 0.2 observed; ++ 0.4 and +- reach it
+    assert study_report.sign_flip_one_sided([0.1, 0.0]) == 2 / 4            # the 0 unit's two signs tie
+    assert study_report.q7_verdict([0.1] * 8) == ("holds", 1 / 256)
+    assert study_report.q7_verdict([-0.1] * 7 + [0.05]) == ("contradicted", 2 / 256)
+    assert study_report.q7_verdict([0.1, -0.1] * 4) == ("no difference", 1.0)
+    assert study_report.q7_verdict([0.1] * 6 + [-0.1] * 2)[0] == "same direction, within noise"
+
+
+def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
+    """Q7's table gives each run's ID pass@1 beside its formatting share, best checkpoint, OOD, curves,
+    zero-gradient steps and KL at step 200; the verdict waits for all 8 seeds' ID evaluations, then is
+    the one-sided sign-flip rule; the cost counts Q7's runs and warm-ups only."""
+    committed_in(tmp_path, monkeypatch)
+    rows = [{"step": k, "phase": "rl", "rewards/format": 9.0 + (k > 190), "rewards/accuracy": 1.0 + 3 * (k > 190),
+             "entropy": 0.5 - k / 1000, "grad_norm": 0.0 if k in (3, 4) else 0.1, "gtpo/filtered_frac": 0.25}
+            for k in range(1, 201)]
+    ev = lambda p1: ("id", {"pass@k": {"1": p1}, "format_rate": 0.99, "mean_length": 52.4})   # noqa: E731
+    for s in study.Q7_SEEDS:
+        grpo, gtpo = study.q7_pair(s)
+        assert (grpo, gtpo) == (f"q7-grpo-s{s}", f"q7-gtpo-s{s}")
+        for run_id, p1 in ((grpo, 0.40), (gtpo, 0.45 if s != 8 else 0.30)):   # GTPO higher in 7 of 8
+            _write_rl(tmp_path, run_id, rows)
+            for name, res in (ev(p1), ("ood", {"pass@k": {"1": 0.2}}),
+                              ("kl200", {"points": [{"step": 200, "kl": 0.321, "tokens": 900}]})):
+                (tmp_path / run_id / f"eval-{name}.json").write_text(json.dumps(res))
+        if s == 1:
+            lines, rule = study_report.q7_lines()
+            assert rule == "not finished (1 of 8 seeds have both runs evaluated)"
+            assert "| 1 | GTPO, Eq. 7 (default) | 0.450 | 99 | 52 | – | 0.200 | 90 → 100 | 10.0 → 40.0 | " \
+                   "0.49 → 0.30 → 0.30 | 2 | 25.0 | 0.321 | – |" in "\n".join(lines)
+    lines, rule = study_report.q7_lines()
+    diffs = [0.05] * 7 + [-0.10]
+    p = sum(sum(d if m >> i & 1 else -d for i, d in enumerate(diffs)) >= sum(diffs) - 1e-12 for m in range(256)) / 256
+    assert rule == (f"{'holds' if p <= 0.05 else 'same direction, within noise'}: ID pass@1 GTPO − GRPO "
+                    f"{sum(diffs) / 8:+.3f} on average, GTPO higher in 7 of 8 seeds; exact one-sided sign-flip test, "
+                    f"p = {p:.3f}") and len(lines) == 2 + 16
+    assert p == 3 / 256                        # the patterns whose sum reaches 0.25: all +, and -0.10 or one 0.05 flipped
+    (tmp_path / "q7-gtpo-s1" / "times.json").write_text(json.dumps({"train": [{"seconds": 1800.0}],
+                                                                     "eval-id": [{"seconds": 1800.0}]}))
+    (tmp_path / "warmup-q7-s1").mkdir()
+    (tmp_path / "warmup-q7-s1" / "times.json").write_text(json.dumps({"train": [{"seconds": 360.0}]}))
+    assert study_report.cost_hours(q7=True) == pytest.approx(1.1) and study_report.cost_hours() == 0
+
+
+def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
+    """docs/study.md part 6: per seed its own warm-up, then GTPO (the default objective, named) and GRPO, each job
+    carrying its evaluations; the released-form arm after every primary run."""
+    jobs = study.q7_jobs()
+    primary = jobs[:3 * len(study.Q7_SEEDS)]
+    for k, s in enumerate(study.Q7_SEEDS):
+        warm, gtpo, grpo = primary[3 * k:3 * k + 3]
+        assert warm[0] == f"warmup-q7-s{s}" and warm[1] == study.WARMUPS["long"][1] and warm[3] is None
+        assert gtpo[0] == f"q7-gtpo-s{s}" and gtpo[3] == warm[0] and gtpo[4] == ("id", "id-best", "ood", "kl200")
+        assert grpo[0] == f"q7-grpo-s{s}" and grpo[3] == warm[0] and grpo[4] == gtpo[4]
+        assert gtpo[1][-4:] == ["--entropy_term", "eq7", "--entropy_filter", "auto"] and "--use_gtpo" in gtpo[1]
+        assert "--use_grpo" in grpo[1] and gtpo[1][:len(study.COMMON)] == grpo[1][:len(study.COMMON)]
+        assert [f for f in gtpo[1] if f not in grpo[1]] == ["--use_gtpo", "--entropy_term", "eq7", "--entropy_filter",
+                                                            "auto"]
+    assert [j[0] for j in jobs[len(primary):]] == [f"q7-released-s{s}" for s in study.Q7_SEEDS]
+
+
 def test_a_run_another_worker_is_training_is_waited_for_not_trained_twice(tmp_path):
     """study.run.training_elsewhere: a live other process's training.pid says "wait"; this process's own,
     a dead one's or none says "train"."""
