@@ -249,7 +249,8 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
 
 def main():
     import argparse
-    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
+    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)",
+                                allow_abbrev=False)
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo",
                    help="grpo: TRL's GRPOTrainer with the same settings")

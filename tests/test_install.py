@@ -100,3 +100,37 @@ def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "steps 1 rewards" in r.stdout and "rewards/paper_reward/mean" in r.stdout and "rewards/brevity/mean" in r.stdout
+
+
+def _readme_trl_snippet():
+    """The Python block of README's "GTPO from TRL", as written."""
+    with open(os.path.join(HERE, "README.md")) as f:
+        section = f.read().split("## GTPO from TRL", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
+    """README "GTPO from TRL": after `pip install .` the snippet runs as written (its model from the clone's
+    models.py), and `python gtpo_trl.py --max_steps 1` runs in the clone; the [trl] extra names what they import."""
+    pytest.importorskip("trl")
+    import tomllib
+    with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["trl"]
+    assert {d.split(">")[0].split("=")[0].split("<")[0] for d in extra} >= {"trl", "transformers", "peft", "datasets",
+                                                                            "gguf"}
+    target, user = tmp_path / "site", tmp_path / "user"
+    user.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(_source(tmp_path))], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    snippet = _readme_trl_snippet()
+    assert "max_steps=2" in snippet and snippet.count("\n") <= 13
+    r = subprocess.run([sys.executable, "-c", snippet], cwd=user, capture_output=True, text=True, timeout=900,
+                       env=_clean_env(PYTHONPATH=f"{target}{os.pathsep}{HERE}"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train_runtime" in r.stdout + r.stderr                    # TRL's summary of a finished train()
+    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--output_dir", str(tmp_path / "example")],
+                       cwd=HERE, capture_output=True, text=True, timeout=900, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train_runtime" in r.stdout + r.stderr
