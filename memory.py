@@ -293,10 +293,9 @@ def choose_sampler(config, s, budget_bytes, checkpointing=None):
     ckpt, m, est = decide(config, dataclasses.replace(s, sampler="merged"), budget_bytes, checkpointing)
     if m is not None and est["card"] <= budget_bytes:
         return "merged", ckpt, m, est, f"with its bf16 copy held the step needs {est['card'] / GB:.1f} GB of the {budget}"
-    why = (f"with the merged copy held it would need {est['card'] / GB:.1f} GB" if m is not None else
-           "with the merged copy held not even one completion per micro-batch fits")
-    return ("generate", *decide(config, dataclasses.replace(s, sampler="generate"), budget_bytes, checkpointing),
-            f"{why} of the {budget}")
+    why = (f"with the merged copy held the step would need {est['card'] / GB:.1f} GB of the {budget}" if m is not None
+           else f"with the merged copy held not even one completion per micro-batch fits the {budget}")
+    return ("generate", *decide(config, dataclasses.replace(s, sampler="generate"), budget_bytes, checkpointing), why)
 
 
 def sampling_card(config, s):
