@@ -418,10 +418,10 @@ def run(args, res):
          "h_ini": lambda: initial_entropy(args, cfg, model, tok, prompt, gpu),
          }[part]()
         if part != "cap40":
-            gpu[part]["part_seconds"] = time.time() - t
+            gpu[part]["meta"] = {"seconds": time.time() - t}
         sys.stdout.flush()
     for part in parts:
-        gpu[part].update(shape=args.gpu_shape, device=res["device"])
+        gpu[part].setdefault("meta", {}).update(shape=args.gpu_shape, device=res["device"])
     print(f"\ngpu part: {time.time() - t0:.0f} s")
     write(args, gpu, parts)
 

@@ -22,8 +22,9 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     assert "| generate |" in text and "| merged |" in text                         # samplers (compile: CUDA only)
     assert "| forward |" in text and "| backward |" in text and "| optimizer |" in text
     res = json.loads(out.read_text())["gpu"]
-    assert set(res["samplers"]) == {"generate", "merged"}
-    assert all(v["seconds"] > 0 and v["first_call_seconds"] > 0 for v in res["samplers"].values())
+    samplers = {k: v for k, v in res["samplers"].items() if k != "meta"}           # meta: shape, device, seconds
+    assert set(samplers) == {"generate", "merged"} and res["samplers"]["meta"]["shape"] == "tiny"
+    assert all(v["seconds"] > 0 and v["first_call_seconds"] > 0 for v in samplers.values())
     assert res["step"]["estimate"]["peak"] > res["step"]["estimate"]["weights"] > 0
     assert res["determinism"]["differ"] == {}                                   # CPU: bit for bit
     assert "identical: every metric and the weights bit for bit" in text
@@ -43,12 +44,13 @@ def test_all_gpu_parts_dry_run_on_cpu_with_the_embedded_model(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert list(res) == ["samplers", "step", "cap40", "trl"]
-    assert set(res["samplers"]) == {"generate", "merged"} and res["samplers"]["merged"]["tokens_per_s_per_sequence"] > 0
+    assert set(res["samplers"]) == {"generate", "merged", "meta"} and res["samplers"]["merged"]["tokens_per_s_per_sequence"] > 0
     assert res["step"]["tokens"] == 16 and res["step"]["total"] > 0 and res["step"]["estimate"]["card"] > 0
     assert res["cap40"]["out_of_memory"] is False and len(res["cap40"]["steps"]) == 2 and res["cap40"]["budget_gb"] == 40
     assert res["trl"]["grpo_trainer_s"] > 0 and res["trl"]["ours_s"] > 0 and res["trl"]["trl_step_ends"] == 3
     assert res["trl"]["trl_over_ours"] == res["trl"]["grpo_trainer_s"] / res["trl"]["ours_s"]
-    assert "3. cap40" in r.stdout and "4. trl" in r.stdout and all(v["shape"] == "smollm2-135m" for v in res.values())
+    assert "3. cap40" in r.stdout and "4. trl" in r.stdout
+    assert all(v["meta"]["shape"] == "smollm2-135m" and v["meta"]["device"].startswith("cpu") for v in res.values())
 
 
 def test_differences_name_each_metric_with_its_first_step_and_largest_relative_gap():
