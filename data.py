@@ -318,6 +318,12 @@ def task_name(dataset):
     return os.path.basename(dataset).removesuffix(".jsonl")
 
 
+def longest_prompt(tokenizer, records, example=None):
+    """Tokens of the longest prompt of `records` (what a memory estimate must allow for)."""
+    return max(len(tokenizer(format_prompt(tokenizer, r["question"], example), add_special_tokens=False)["input_ids"])
+               for r in records)
+
+
 def filter_by_prompt_length(records, tokenizer, max_prompt_length, example=None):
     """Drop records whose prompt is longer than max_prompt_length tokens.
     Returns (kept, n_dropped) so the caller reports the count."""

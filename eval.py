@@ -27,7 +27,7 @@ import torch
 import conflicts
 import rewards
 import runs
-from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
+from data import DataError, format_prompt, load_task, longest_prompt, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype, quiet_peft
 from rewards import answers_equal, extract_answer
 
@@ -319,11 +319,11 @@ def pick_sampler(args, model, tok, records, example, device, log=print):
         return args.rollout
     import memory
     peft = getattr(model, "peft_config", {}).get("default")
-    P = max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"]) for r in records)
     s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
                         dtype_bytes=model.get_input_embeddings().weight.element_size(),
                         batch_size=max(1, args.batch_size // args.n_samples),
-                        generation_size=min(args.n_samples, args.batch_size), prompt_tokens=P,
+                        generation_size=min(args.n_samples, args.batch_size),
+                        prompt_tokens=longest_prompt(tok, records, example),
                         completion_tokens=args.max_completion_length, sampler="merged")
     need, have = memory.sampling_card(model.config, s), torch.cuda.get_device_properties(device).total_memory
     sampler = "merged" if need <= have else "generate"

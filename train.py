@@ -21,7 +21,7 @@ import torch
 import step
 from config import UNRECORDED, ConfigError, identity_keys, parse_args
 from conflicts import ConflictLog, format_token_ids, group_rows
-from data import DataError, filter_by_prompt_length, format_prompt, load_task, one_shot_example
+from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
 from models import ModelError, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
 from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
@@ -128,12 +128,6 @@ def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
     log(f"memory: estimated {est['card'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
         f"{m or s.batch_size * s.generation_size} completions, checkpointing "
         f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
-
-
-def longest_prompt(tok, records, example):
-    """Tokens of the longest training prompt (what the memory estimate must allow for)."""
-    return max(len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"])
-               for r in records)
 
 
 def make_optimizer(cfg, params, total_steps, log=print):

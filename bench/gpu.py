@@ -2,7 +2,7 @@
 
 On a random-weight model of the paper's shape (--gpu_shape llama-8b: 4-bit NF4, LoRA 128, bf16),
 train.py's CUDA defaults (the memory plan and --rollout auto's sampler included), one ~250-token prompt
-and G = 12 completions. --gpu_parts all is samplers,step,cap40,trl (about 7 minutes on one H100); each
+and G = 12 completions. --gpu_parts all is samplers,step,cap40,trl; each
 part's results also go to --gpu_out, one JSON with a key per part:
 1. samplers     each sampler, --gpu_sample_tokens forced tokens, its second call timed: seconds,
                 tokens/s per sequence and in all, the weight-streaming bound (sampling weights' bytes
