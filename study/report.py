@@ -343,13 +343,15 @@ def cost_hours(collapse=False, q6=False, q7=False):
     q7_ids = {run_id for run_id, *_ in q7_jobs()}
     if q7:
         return sum(worked(t) for run_id in q7_ids for t in attempts(run_id)) / 3600
-    q6_ids = {run_id for run_id, *_ in q6_jobs()} | q7_ids
+    q6_ids = {run_id for run_id, *_ in q6_jobs()}
     reused = {start for *_, start, _ in q6_jobs() if start} - q6_ids        # part 3's warm-ups, trained again
     part = {run_id for run_id, *_ in collapse_jobs()} | reused
     ids = dict.fromkeys([run_id for run_id, *_ in jobs()] + sorted(reused))   # an id repeats for its evaluations
 
     def counted(run_id, attempt):
         again = run_id in reused and attempt.get("date", "") >= Q6_START
+        if run_id in q7_ids:
+            return False
         if q6:
             return run_id in q6_ids or again
         if collapse:

@@ -406,7 +406,8 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
                                                                      "eval-id": [{"seconds": 1800.0}]}))
     (tmp_path / "warmup-q7-s1").mkdir()
     (tmp_path / "warmup-q7-s1" / "times.json").write_text(json.dumps({"train": [{"seconds": 360.0}]}))
-    assert study_report.cost_hours(q7=True) == pytest.approx(1.1) and study_report.cost_hours() == 0
+    assert study_report.cost_hours(q7=True) == pytest.approx(1.1)
+    assert study_report.cost_hours() == study_report.cost_hours(q6=True) == study_report.cost_hours(collapse=True) == 0
 
 
 def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
