@@ -346,12 +346,11 @@ def cost_hours(collapse=False, q6=False, q7=False):
     q6_ids = {run_id for run_id, *_ in q6_jobs()}
     reused = {start for *_, start, _ in q6_jobs() if start} - q6_ids        # part 3's warm-ups, trained again
     part = {run_id for run_id, *_ in collapse_jobs()} | reused
-    ids = dict.fromkeys([run_id for run_id, *_ in jobs()] + sorted(reused))   # an id repeats for its evaluations
+    # an id repeats for its evaluations; Q7's runs are counted above, and only there
+    ids = dict.fromkeys([run_id for run_id, *_ in jobs() if run_id not in q7_ids] + sorted(reused))
 
     def counted(run_id, attempt):
         again = run_id in reused and attempt.get("date", "") >= Q6_START
-        if run_id in q7_ids:
-            return False
         if q6:
             return run_id in q6_ids or again
         if collapse:
