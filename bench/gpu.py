@@ -310,6 +310,16 @@ def cap40(args, folder, res):
         res["cap40"] = json.load(open(out))["cap40"]
 
 
+def cap_process(device, gb):
+    """Cap this process's CUDA allocations at `gb` GB on `device` -> the fraction of the card set."""
+    index = torch.device(device).index
+    if index is None:                                   # the setter refuses a bare "cuda": it wants an index
+        index = torch.cuda.current_device()
+    fraction = min(1.0, gb * 1e9 / torch.cuda.get_device_properties(index).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
+
+
 def cap40_child(args, folder, res):
     """Part 3, in the child: cap the process at CAP_GB before any CUDA allocation (on CPU nothing caps), plan
     for that budget as train.py does, then 2 steps at --gpu_step_tokens."""
@@ -317,8 +327,7 @@ def cap40_child(args, folder, res):
     from bench.common import bench_prompt
     cuda = args.device.startswith("cuda")
     if cuda:
-        total = torch.cuda.get_device_properties(args.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, CAP_GB * 1e9 / total), args.device)
+        cap_process(args.device, CAP_GB)
     cfg, model, tok, optimizer, params = setup(args, folder, [*args.flags.split(), "--memory_budget_gb", str(CAP_GB)])
     prompt, answer = bench_prompt(tok, 250)
     said = []

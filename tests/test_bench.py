@@ -4,6 +4,7 @@ the determinism part reports two runs that differ."""
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,3 +64,23 @@ def test_differences_name_each_metric_with_its_first_step_and_largest_relative_g
     assert differences(a, c) == {"loss": {"step": 1, "rel": 0.5}, "reward": {"step": 2, "rel": 0.5}, "weights": {}}
     nan = ([{"loss": float("nan")}], (1,))                                   # a metric with nothing to average
     assert differences(nan, nan) == {}
+
+
+@pytest.mark.parametrize("device, index", [("cuda", 3), ("cuda:1", 1)])
+def test_the_cap_reaches_torch_with_a_device_index(monkeypatch, device, index):
+    """torch.cuda.set_per_process_memory_fraction refuses a bare "cuda"; the cap names the current device
+    then. The CUDA calls are replaced: this checks what reaches them, not the cap itself."""
+    import torch
+
+    from bench.gpu import cap_process
+    seen = {}
+
+    def properties(i):
+        seen["props"] = i
+        return SimpleNamespace(total_memory=80e9)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: seen.update(fraction=f, index=i))
+    assert cap_process(device, 40) == 0.5
+    assert seen == {"props": index, "fraction": 0.5, "index": index}
+    assert cap_process(device, 120) == 1.0                                      # a cap above the card: the card
