@@ -339,11 +339,14 @@ def cap40_child(args, folder, res):
         for _ in range(2):
             m, clock = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
             row["steps"].append({"seconds": sum(clock.parts.values()), "peak": max(clock.peaks.values(), default=None),
-                                 "reserved_plus_managed": max(clock.reserved.values(), default=None)})
+                                 "reserved_plus_managed": max(clock.reserved.values(), default=None),
+                                 "stage_peaks": clock.peaks, "stage_reserved_plus_managed": clock.reserved,
+                                 "stage_seconds": clock.parts})
     except torch.cuda.OutOfMemoryError as e:
         row["out_of_memory"] = str(e).splitlines()[0]
     print(f"   {len(row['steps'])} steps: " + ", ".join(
-        f"{x['seconds']:.1f} s" + (f" (peak {x['reserved_plus_managed'] / 1e9:.1f} GB reserved + managed)"
+        f"{x['seconds']:.1f} s" + (f" (peak {x['peak'] / 1e9:.1f} GB allocated, in {max(x['stage_peaks'], key=x['stage_peaks'].get)}; "
+                                   f"{x['reserved_plus_managed'] / 1e9:.1f} GB reserved + managed)"
                                    if x["reserved_plus_managed"] else "") for x in row["steps"])
           + (f"; out of memory: {row['out_of_memory']}" if row["out_of_memory"] else "; no out-of-memory"))
     res["cap40"] = row
