@@ -344,12 +344,19 @@ def cap40_child(args, folder, res):
                                  "stage_seconds": clock.parts})
     except torch.cuda.OutOfMemoryError as e:
         row["out_of_memory"] = str(e).splitlines()[0]
-    print(f"   {len(row['steps'])} steps: " + ", ".join(
-        f"{x['seconds']:.1f} s" + (f" (peak {x['peak'] / 1e9:.1f} GB allocated, in {max(x['stage_peaks'], key=x['stage_peaks'].get)}; "
-                                   f"{x['reserved_plus_managed'] / 1e9:.1f} GB reserved + managed)"
-                                   if x["reserved_plus_managed"] else "") for x in row["steps"])
+    print(f"   {len(row['steps'])} steps: " + ", ".join(capped_step(x) for x in row["steps"])
           + (f"; out of memory: {row['out_of_memory']}" if row["out_of_memory"] else "; no out-of-memory"))
     res["cap40"] = row
+
+
+def capped_step(x):
+    """One of part 3's steps in words: its seconds and, on CUDA, its allocated peak with the stage it was in
+    and what the card held."""
+    if not x["reserved_plus_managed"]:
+        return f"{x['seconds']:.1f} s"
+    stage = max(x["stage_peaks"], key=x["stage_peaks"].get)
+    return (f"{x['seconds']:.1f} s (peak {x['peak'] / 1e9:.1f} GB allocated, in {stage}; "
+            f"{x['reserved_plus_managed'] / 1e9:.1f} GB reserved + managed)")
 
 
 def trl_against(args, cfg, model, tok, optimizer, params, prompt, answer, res):
