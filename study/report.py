@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import runs
-from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, LADDER, N_SAMPLES, PILOT_SEED, Q6_SEEDS, Q6_START, Q7_SEEDS, RUNS,
+from study.run import (COLLAPSE_WINDOW, EVALS, KEEP, STUDY, LADDER, N_SAMPLES, PILOT_SEED, Q6_SEEDS, Q6_START, Q7_SEEDS, RUNS,
                        TEST_SEEDS, collapse_jobs, collapse_step, jobs, load, q6_jobs, q6_pair, q7_jobs, q7_pair,
                        trailing)
 
@@ -631,8 +631,8 @@ def write_summary():
         "", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): main and long parts {cost_hours():.2f}; "
         f"collapse part {cost_hours(collapse=True):.2f}; Q6 {cost_hours(q6=True):.2f}; Q7 {cost_hours(q7=True):.2f}"]
-    runs.write_text(os.path.join(KEEP, "summary.md"), "\n".join(lines) + "\n")
-    runs.write_json(os.path.join(KEEP, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule,
+    runs.write_text(os.path.join(STUDY, "summary.md"), "\n".join(lines) + "\n")
+    runs.write_json(os.path.join(STUDY, "summary.json"), {"questions": rows, "collapse": q4_rule, "conflicts": q5_rule,
                                                          "ladder": ladder_rule, "collapse_test": test_rule,
                                                          "q6": q6_rule, "q7": q7_rule})
     print("\n".join(lines))
@@ -821,11 +821,11 @@ def report():
                                                          f"{PILOT_SEED}): GRPO solid, GTPO dashed", p)),
              ("collapse-test.png", lambda p: plot_runs(test_plot_rows(), "The collapse test at the chosen rung, "
                                                       "a row per seed", p)),
-             ("v1/curves-ablation.png", lambda p: plot_curves(list(V1_LABELS), "First design's ablations", p, 5,
+             ("curves-v1-ablation.png", lambda p: plot_curves(list(V1_LABELS), "First design's ablations", p, 5,
                                                               V1, V1_LABELS))]
     for name, plot in plots:
-        done = plot(os.path.join(KEEP, name))
-        print(f"{KEEP}/{name}: {'written' if done else 'not yet (no seed has every run of the figure)'}")
+        done = plot(os.path.join(STUDY, name))
+        print(f"{STUDY}/{name}: {'written' if done else 'not yet (no seed has every run of the figure)'}")
 
 
 if __name__ == "__main__":

@@ -29,11 +29,11 @@ From the repository root:
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
 Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the report reads is
-copied to study/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
+copied to study/runs/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
 best.json and eval-<set>.json (eval.py's results.json). So a fresh checkout has no weights: an evaluation
 still to run trains its run again first, which must log what the committed metrics.jsonl holds, timings
 aside, or the worker stops (first_difference); a warm-up's adapter is also checked against its committed
-fingerprint. study/v1/ holds the first design's runs
+fingerprint. study/runs/v1/ holds the first design's runs
 (the same files; docs/study.md says why it was replaced), whose comparisons the report re-tests.
 """
 import argparse
@@ -51,8 +51,9 @@ import torch
 import runs
 from data import read_jsonl
 
-KEEP = os.path.dirname(os.path.abspath(__file__))      # small files, committed: study/<run>/
-HERE = os.path.dirname(KEEP)                           # the repository root, where train.py runs
+STUDY = os.path.dirname(os.path.abspath(__file__))     # the code, summary.md/.json and the figures
+KEEP = os.path.join(STUDY, "runs")                     # each run's small files, committed: study/runs/<run>/
+HERE = os.path.dirname(STUDY)                          # the repository root, where train.py runs
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
 
 # -----------------------------------------------------------------------------
@@ -252,7 +253,7 @@ def attempt(run_id, what, argv, log_path, done_path, shard, threads):
 
 
 def record_time(run_id, what, seconds, finished, shard):
-    """Append one attempt's wall time to study/<run>/times.json."""
+    """Append one attempt's wall time to study/runs/<run>/times.json."""
     os.makedirs(os.path.join(KEEP, run_id), exist_ok=True)
     path = os.path.join(KEEP, run_id, "times.json")
     times = runs.read_json(path) if os.path.isfile(path) else {}
@@ -282,7 +283,7 @@ def host():
 
 
 def committed_cpus(run_id):
-    """The kinds of host (cpu()) whose training logged the run's committed metrics (study/<run>/host.json;
+    """The kinds of host (cpu()) whose training logged the run's committed metrics (study/runs/<run>/host.json;
     empty for runs committed before it was kept)."""
     path = os.path.join(KEEP, run_id, "host.json")
     return set(runs.read_json(path)["cpu"]) if os.path.isfile(path) else set()
@@ -298,7 +299,7 @@ def train(run_id, flags, seed, start, shard, threads):
         if kinds and cpu() not in kinds:
             raise SystemExit(f"{run_id}'s committed metrics come from a {'/'.join(sorted(kinds))} host and this one "
                              f"is {cpu()}: trained again here it would be another run. Train it on such a host, "
-                             f"or remove study/{run_id}/ to replace the run")
+                             f"or remove study/runs/{run_id}/ to replace the run")
         argv = [sys.executable, "train.py", *flags, "--seed", str(seed), "--output_dir", out]
         if start:
             argv += ["--init_from", wait_for(os.path.join(WORK, start, "final"))]
@@ -328,8 +329,8 @@ def train(run_id, flags, seed, start, shard, threads):
         if step is not None:
             raise SystemExit(f"{run_id} was trained again and its metrics differ from the committed ones from step "
                              f"{step} (another host's numerics?): its evaluations would describe another run. "
-                             f"study/{run_id}/ is left as it was; compare the two metrics.jsonl, then remove "
-                             f"study/{run_id}/ to replace the run, or runs/study/{run_id}/ to train it again")
+                             f"study/runs/{run_id}/ is left as it was; compare the two metrics.jsonl, then remove "
+                             f"study/runs/{run_id}/ to replace the run, or runs/study/{run_id}/ to train it again")
     for f in ("config.json", "metrics.jsonl", "conflicts.json"):
         if os.path.isfile(os.path.join(out, f)):
             shutil.copyfile(os.path.join(out, f), os.path.join(keep, f))
@@ -367,7 +368,7 @@ def training_elsewhere(out):
 
 def diverged(run_id, out):
     """train.py stopped the run on consecutive non-finite losses (its exit 1, train.log's last error):
-    record study/<run>/diverged.json with the last logged step -> whether it did."""
+    record study/runs/<run>/diverged.json with the last logged step -> whether it did."""
     with open(os.path.join(out, "train.log")) as f:
         tail = f.read()[-4000:]
     if "consecutive steps had a non-finite loss" not in tail:
@@ -391,7 +392,7 @@ def best_checkpoint(rows, steps):
 
 def evaluate(run_id, out, evals, shard, threads):
     """eval.py on each of the run's sets (resuming what is there), or `kl`, its drift from the start;
-    results to study/<run>/eval-<set>.json."""
+    results to study/runs/<run>/eval-<set>.json."""
     config = runs.read_json(os.path.join(out, "config.json"))
     for name in evals:
         keep = os.path.join(KEEP, run_id, f"eval-{name}.json")

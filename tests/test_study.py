@@ -78,9 +78,11 @@ def test_best_checkpoint_is_the_highest_reward_window():
 
 
 def committed_in(folder, monkeypatch):
-    """The study's committed files (study/) read from and written to `folder`."""
+    """The study's committed files (study/runs/, and summary.md and the figures in study/) read from and written
+    to `folder`."""
     for module in (study, study_report):
         monkeypatch.setattr(module, "KEEP", str(folder))
+        monkeypatch.setattr(module, "STUDY", str(folder))
     monkeypatch.setattr(study_report, "V1", str(folder / "v1"))
 
 
