@@ -25,6 +25,7 @@ From the repository root:
     python -m study.run --shard 1/2 --threads 1 --only q6 &     # ... on two workers
     python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 1,3,5,7 &    # Q7: one worker per seed,
     python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 2,4,6,8 &    # its warm-up and both runs
+    python -m study.run --threads 1 --only warmup-q8,q7-released,q8- --seeds 1 &    # Q8: one worker per seed
     python -m study.run --list                        # the table and how far each run is
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
@@ -167,15 +168,44 @@ def q7_jobs():
     seed by seed (two workers: --seeds 1,3,5,7 and 2,4,6,8). Each run is evaluated in the job that trains it
     (Q7_EVALS), so no cell needs its weights trained again. A reused GRPO run (Q7_REUSED) would be trained
     again for its OOD evaluation, which checks at every step that it logs the committed values. The
-    optional released-form arm comes last."""
+    optional released-form arm is Q8's (q8_jobs)."""
     w, flags = Q7_WARMUP, WARMUPS["long"][1]
     grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
     for s in Q7_SEEDS:
         out += [(f"{w}-s{s}", flags, s, None, ())]
         out += [(q7_pair(s)[1], COMMON + Q7_GTPO, s, f"{w}-s{s}", Q7_EVALS),
                 (q7_pair(s)[0], grpo, s, f"{w}-s{s}", ("ood",) if s in Q7_REUSED else Q7_EVALS)]
-    released = [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
-    return out + [(f"q7-released-s{s}", COMMON + released, s, f"{w}-s{s}", Q7_EVALS) for s in Q7_SEEDS]
+    return out
+
+
+Q8_WARMUP, Q8_HOST_SEEDS = "warmup-q8", (1, 2)     # GRPO trained again on these seeds where the warm-up is not Q7's
+Q8_RELEASED = [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
+Q8_NOGAMMA = [*Q7_GTPO, "--ent_gamma", "0"]                          # the conflict masks and delta_i alone
+
+
+def warmup_differs(seed):
+    """Whether Q8's warm-up of the seed has a committed fingerprint other than Q7's (another host's numerics);
+    None while either is not committed."""
+    paths = [os.path.join(KEEP, f"{w}-s{seed}", "adapter_fingerprint.json") for w in (Q7_WARMUP, Q8_WARMUP)]
+    if not all(os.path.isfile(p) for p in paths):
+        return None
+    return runs.read_json(paths[0])["fingerprint"] != runs.read_json(paths[1])["fingerprint"]
+
+
+def q8_jobs():
+    """Q8 (docs/study.md, part 7): on Q7's seeds, GTPO with the released entropy term (q7-released, Q7's declared
+    optional arm) and with gamma = 0 (q8-nogamma), each from the seed's Q8 run of Q7's warm-up command, whose
+    fingerprint decides the pairing; GRPO again on Q8_HOST_SEEDS where it differs from Q7's. One worker per
+    seed, each run evaluated in the job that trains it (Q7_EVALS)."""
+    grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
+    for s in Q7_SEEDS:
+        w = f"{Q8_WARMUP}-s{s}"
+        out += [(w, WARMUPS["long"][1], s, None, ()),
+                (f"q7-released-s{s}", COMMON + Q8_RELEASED, s, w, Q7_EVALS),
+                (f"q8-nogamma-s{s}", COMMON + Q8_NOGAMMA, s, w, Q7_EVALS)]
+        if s in Q8_HOST_SEEDS and warmup_differs(s):
+            out += [(f"q8-grpo-s{s}", grpo, s, w, Q7_EVALS)]
+    return out
 
 
 def pilot_skipped(run_id):
@@ -205,7 +235,7 @@ def jobs():
         seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
         out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
                 for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
-    return out + collapse_jobs() + q6_jobs() + q7_jobs()
+    return out + collapse_jobs() + q6_jobs() + q7_jobs() + q8_jobs()
 
 
 # -----------------------------------------------------------------------------
@@ -322,8 +352,10 @@ def train(run_id, flags, seed, start, shard, threads):
         if not os.path.isfile(path):
             runs.write_json(path, {"fingerprint": found})
         elif runs.read_json(path)["fingerprint"] != found:
-            print(f"warning: {run_id} was trained again and differs from the one the finished runs started "
-                  f"from (another machine?); the committed results keep the first one's files", flush=True)
+            raise SystemExit(f"{run_id} was trained again and differs from the committed one (another host's "
+                             f"numerics: {host()}; study/runs/{run_id}/host.json names its own), so runs started from "
+                             f"it would start elsewhere. Train on such a host, or remove study/runs/{run_id}/ and "
+                             f"the runs started from it to replace them all")
     if os.path.isfile(os.path.join(keep, "metrics.jsonl")):        # trained again: the same run, or stop
         step = first_difference(os.path.join(keep, "metrics.jsonl"), os.path.join(out, "metrics.jsonl"))
         if step is not None:

@@ -426,7 +426,31 @@ def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
         assert "--use_grpo" in grpo[1] and gtpo[1][:len(study.COMMON)] == grpo[1][:len(study.COMMON)]
         assert [f for f in gtpo[1] if f not in grpo[1]] == ["--use_gtpo", "--entropy_term", "eq7", "--entropy_filter",
                                                             "auto"]
-    assert [j[0] for j in jobs[len(primary):]] == [f"q7-released-s{s}" for s in study.Q7_SEEDS]
+    assert len(jobs) == len(primary)
+
+
+def test_q8_runs_start_from_their_own_warm_up_and_add_grpo_where_it_differs_from_q7s(tmp_path, monkeypatch):
+    """docs/study.md part 7: per seed a Q8 warm-up, the released-term and gamma = 0 arms with Q7's GTPO flags
+    otherwise; q8-grpo on seeds 1-2 only once that seed's warm-up fingerprint differs from Q7's."""
+    committed_in(tmp_path, monkeypatch)
+    jobs = study.q8_jobs()
+    q7 = {j[0]: j for j in study.q7_jobs()}
+    assert [j[0] for j in jobs[:3]] == ["warmup-q8-s1", "q7-released-s1", "q8-nogamma-s1"]
+    warm, rel, nog = jobs[:3]
+    assert warm[1] == q7["warmup-q7-s1"][1] and warm[3] is None and rel[3] == nog[3] == "warmup-q8-s1"
+    gtpo = q7["q7-gtpo-s1"][1]
+    assert rel[1] == [*gtpo[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
+    assert nog[1] == gtpo + ["--ent_gamma", "0"] and rel[4] == nog[4] == q7["q7-gtpo-s1"][4]
+    assert len(jobs) == 3 * len(study.Q7_SEEDS) and study.warmup_differs(1) is None
+    for w, fp in (("warmup-q7", [1, 2]), ("warmup-q8", [1, 2])):
+        for s in (1, 3):
+            (tmp_path / f"{w}-s{s}").mkdir()
+            (tmp_path / f"{w}-s{s}" / "adapter_fingerprint.json").write_text(json.dumps({"fingerprint": fp}))
+    assert study.warmup_differs(1) is False and len(study.q8_jobs()) == len(jobs)
+    for s in (1, 3):
+        (tmp_path / f"warmup-q8-s{s}" / "adapter_fingerprint.json").write_text(json.dumps({"fingerprint": [1, 3]}))
+    grpo = [j for j in study.q8_jobs() if j[0].startswith("q8-grpo")]
+    assert [j[0] for j in grpo] == ["q8-grpo-s1"] and grpo[0][1] == q7["q7-grpo-s1"][1] and grpo[0][3] == "warmup-q8-s1"
 
 
 def test_a_run_another_worker_is_training_is_waited_for_not_trained_twice(tmp_path):
