@@ -1,44 +1,29 @@
-"""The CPU-scale study: GTPO vs GRPO vs SFT on the embedded SmolLM2-135M and the arithmetic task.
-docs/study.md declares its questions, arms, metrics, tests, verdict rules and budget; this file
-holds its run table and runs it; study/report.py computes the report from the committed files.
+"""The CPU-scale study's runner: trains and evaluates the jobs of study/plan.py's parts (docs/study.md declares
+them), one subprocess at a time per worker, and copies each run's small files to study/runs/<run>/.
 
-RUNS below is the main and long parts, one line per configuration. Each seed has one SFT warm-up
-per start (WARMUPS: the main part's 4 steps; the long part's longer one, which brings <H>_ini below
-ln 2); every run of that seed starts from it (train.py --init_from) with the same budget (COMMON).
-The collapse part (LADDER, collapse_jobs) is a pilot ladder on a seed of its own, then the test at the
-first rung where GRPO collapses (docs/study.md, part 3).
-Each run's adapters are evaluated with eval.py on the sets its line names: `id`, the first 64
-problems of the arithmetic test split; `ood`, the first 48 of the `reworded` split (the same sums in
-sentences training never shows); `id-best`, the ID set on the checkpoint with the highest mean
-training reward over the steps since the previous one (BEST_WINDOW); `kl`, a long run's KL to its
-start at every checkpoint (eval.py --drift). Same n, k and sampling seed for every model; each problem's
-correct count is kept (eval.py's per_problem_correct).
+Each run starts from its seed's warm-up (train.py --init_from) and is evaluated with eval.py on the sets its
+arm names: `id`, the first 64 problems of the arithmetic test split; `ood`, the first 48 of the `reworded`
+split; `id-best`, the ID set on the checkpoint with the highest mean training reward over the BEST_WINDOW steps
+up to it; `kl` / `kl<N>`, the KL to the start at every checkpoint / at step N (eval.py --drift); `rung`,
+`rung-precollapse`, the collapse part's. Same n, k and sampling seed for every model; each problem's correct
+count is kept.
 
-Resumable at every level, any number of times: finished steps are skipped, an interrupted training
-continues from its last checkpoint (train.py --resume), an interrupted evaluation from its last
-whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save.
-
-From the repository root:
+Resumable at every level, any number of times: finished steps are skipped, an interrupted training continues
+from its last checkpoint (train.py --resume), an interrupted evaluation from its last whole problem (eval.py
+--resume). Ctrl-C (or SIGTERM) lets the running step finish and save. From the repository root:
 
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
-    python -m study.run --shard 0/2 --threads 1 --only q6 &     # one part (Q6) and the warm-ups it starts from ...
-    python -m study.run --shard 1/2 --threads 1 --only q6 &     # ... on two workers
-    python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 1,3,5,7 &    # Q7: one worker per seed,
-    python -m study.run --threads 1 --only q7-gtpo,q7-grpo --seeds 2,4,6,8 &    # its warm-up and both runs
-    python -m study.run --threads 1 --only warmup-q8,q7-released,q8- --seeds 1 &    # Q8: one worker per seed
+    python -m study.run --threads 1 --only q7-released,q8- --seeds 1 &         # one part, one worker per seed
     python -m study.run --list                        # the table and how far each run is
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
-Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/. What the report reads is
-copied to study/runs/<run>/ and committed: config.json, metrics.jsonl, times.json, conflicts.json,
-best.json and eval-<set>.json (eval.py's results.json). So a fresh checkout has no weights: an evaluation
-still to run trains its run again first, which must log what the committed metrics.jsonl holds, timings
-aside, or the worker stops (first_difference); a warm-up's adapter is also checked against its committed
-fingerprint. study/runs/v1/ holds the first design's runs
-(the same files; docs/study.md says why it was replaced), whose comparisons the report re-tests.
+Big files (checkpoints, adapters, eval samples, logs) stay in runs/study/; config.json, metrics.jsonl,
+times.json, conflicts.json, best.json, host.json and eval-<set>.json are committed. So a fresh checkout has no
+weights: an evaluation still to run trains its run again first, which must log what the committed
+metrics.jsonl holds, timings aside, or the worker stops (first_difference); a retrained warm-up must match its
+committed fingerprint.
 """
 import argparse
-import math
 import os
 import shutil
 import signal
@@ -51,192 +36,11 @@ import torch
 
 import runs
 from data import read_jsonl
+from study.plan import (BEST_WINDOW, EVAL_COMMON, EVALS, KEEP, KL_PROBE, STUDY, collapse_step, earlier_rungs_pending,
+                        jobs, load, pilot_skipped)
 
-STUDY = os.path.dirname(os.path.abspath(__file__))     # the code, summary.md/.json and the figures
-KEEP = os.path.join(STUDY, "runs")                     # each run's small files, committed: study/runs/<run>/
 HERE = os.path.dirname(STUDY)                          # the repository root, where train.py runs
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
-
-# -----------------------------------------------------------------------------
-# the run table
-
-COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
-          "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5"]
-SFT_START = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
-             "--sft_micro_batch_size", "4"]
-WARMUPS = {"main": ("warmup", SFT_START + ["--max_steps", "4", "--save_steps", "4"], ("id", "ood")),
-           "long": ("warmup-long", SFT_START + ["--max_steps", "32", "--save_steps", "32"], ())}
-A6 = ["--adam_beta1", "0.999999", "--adam_beta2", "0.999999"]     # Listing 1's GTPO betas
-A9 = ["--adam_beta1", "0.9", "--adam_beta2", "0.95"]               # Listing 1's GRPO / SFT betas
-LONG = ["--max_steps", "200", "--save_steps", "25"]                # after COMMON: these win
-BEST_WINDOW = 25                                                   # = the long runs' save_steps
-EVALS = {"id": ["--dataset", "arithmetic", "--split", "test", "--limit", "64"],
-         "ood": ["--dataset", "arithmetic", "--split", "reworded", "--limit", "48"]}
-EVAL_COMMON = ["--n_samples", "8", "--batch_size", "64", "--seed", "0", "--max_completion_length", "96"]
-N_SAMPLES = 8
-KL_PROBE = (16, 2)                      # `kl`: ID problems and samples each at every checkpoint (eval.py --drift)
-
-RUNS = [  # name        part    seeds      flags after COMMON              evaluations
-    ("gtpo-a6",   "main", (1, 2, 3), ["--use_gtpo", *A6],             ("id", "ood")),   # the paper's GTPO
-    ("gtpo-a9",   "main", (1, 2, 3), ["--use_gtpo", *A9],             ("id", "ood")),
-    ("grpo-a6",   "main", (1, 2, 3), ["--use_grpo", *A6],             ("id", "ood")),
-    ("grpo-a9",   "main", (1, 2, 3), ["--use_grpo", *A9],             ("id", "ood")),   # the paper's GRPO, beta 0
-    ("grpo-kl6",  "main", (1, 2, 3), ["--use_grpo", "--beta", "1e-6", *A9], ("id", "ood")),  # Fig. 2's beta 1e-6
-    ("sft",       "main", (1, 2, 3), ["--use_sft"],                   ("id", "ood")),   # Listing 1: 1 prompt/step
-    ("gtpo-long", "long", (1, 2),    ["--use_gtpo", *A9, *LONG],      ("id", "id-best", "kl")),
-    ("grpo-long", "long", (1, 2),    ["--use_grpo", *A9, *LONG],      ("id", "id-best", "kl")),
-]
-# the collapse part (docs/study.md, "Part 3"): a pilot ladder on a seed of its own finds where GRPO
-# collapses; the test then runs GTPO and GRPO there on fresh seeds. Each rung: (name, dataset, lr).
-COLLAPSE = ["--use_gtpo", *A9, "--max_steps", "100", "--save_steps", "25", "--lr_scheduler", "constant",
-            "--max_grad_norm", "1.0"]                             # --use_gtpo: replaced per method below
-LADDER = [("r1", "arithmetic", "5e-4"), ("r2", "arithmetic", "1e-3"), ("r3", "arithmetic-hard", "1e-3"),
-          ("r4", "arithmetic-hard", "2e-3"), ("r5", "arithmetic-hard", "5e-3")]
-PILOT_SEED, TEST_SEEDS = 11, (21, 22, 23, 24, 25)
-COLLAPSE_WARMUP = ("warmup-collapse", WARMUPS["long"][1])          # the long part's 32-step warm-up
-
-
-def rung_flags(method, dataset, lr):
-    return COMMON + ["--use_" + method, *COLLAPSE[1:], "--dataset", dataset, "--lr", lr]
-
-
-def chosen_rung():
-    """The first rung (in LADDER's order) whose pilot GRPO run collapsed, by the committed files;
-    None while no finished pilot GRPO run has."""
-    for name, _, _ in LADDER:
-        d = load(f"pilot-{name}-grpo-s{PILOT_SEED}")
-        if d is not None and collapse_step(d["rl"], d.get("diverged.json")) is not None:
-            return name
-    return None
-
-
-def collapse_jobs():
-    """The collapse part's jobs: warm-ups, the pilot's rungs (GRPO and GTPO on PILOT_SEED), then --
-    once chosen_rung() names a rung -- the test's runs on TEST_SEEDS, and last their KL drift."""
-    w, flags = COLLAPSE_WARMUP
-    out = [(f"{w}-s{PILOT_SEED}", flags, PILOT_SEED, None, ())]
-    out += [(f"pilot-{name}-{m}-s{PILOT_SEED}", rung_flags(m, ds, lr), PILOT_SEED, f"{w}-s{PILOT_SEED}", ())
-            for name, ds, lr in LADDER for m in ("grpo", "gtpo")]
-    rung = chosen_rung()
-    if rung is not None:
-        _, ds, lr = next(r for r in LADDER if r[0] == rung)
-        out += [(f"{w}-s{s}", flags, s, None, ()) for s in TEST_SEEDS]
-        test = [(f"collapse-{m}-s{s}", rung_flags(m, ds, lr), s, f"{w}-s{s}")
-                for s in TEST_SEEDS for m in ("grpo", "gtpo")]
-        out += [(*job, ("rung", "rung-precollapse")) for job in test]
-        out += [(*job, ("kl",)) for job in test]        # reporting only: after every run the verdict needs
-    return out
-
-
-Q6_SEEDS, Q6_NEW_SEEDS, Q6_RUNG = (21, 22, 23, 24, 25, 26, 27, 28), (26, 27, 28), "r4"
-Q6_START = "2026-11-25T14:25"          # Q6's first run: later attempts of the reused warm-ups are Q6's cost
-
-
-def q6_pair(seed):
-    """(GRPO beta = 0 run id, GTPO with Eq. 7's entropy term run id) of a Q6 seed: seeds 21-25 reuse part 3's
-    GRPO runs."""
-    return (f"collapse-grpo-s{seed}" if seed not in Q6_NEW_SEEDS else f"q6-grpo-s{seed}"), f"q6-gtpo-s{seed}"
-
-
-def q6_jobs():
-    """Q6 (docs/study.md, part 4): GTPO with Eq. 7's entropy term as written on seeds 21-28 and GRPO beta = 0
-    on the new seeds 26-28 (21-25 are part 3's collapse-grpo runs), at rung r4 from each seed's
-    warm-up-collapse warm-up. Ordered so that what the verdict needs comes first: the new warm-ups, the
-    training runs, then their `rung` evaluations, then their `kl` drift."""
-    w, flags = COLLAPSE_WARMUP
-    _, ds, lr = next(r for r in LADDER if r[0] == Q6_RUNG)
-    out = [(f"{w}-s{s}", flags, s, None, ()) for s in Q6_NEW_SEEDS]
-    runs_ = [(f"q6-{m}-s{s}", rung_flags(m, ds, lr) + (["--entropy_term", "eq7"] if m == "gtpo" else []), s,
-              f"{w}-s{s}") for s in Q6_SEEDS for m in ("gtpo", "grpo") if m == "gtpo" or s in Q6_NEW_SEEDS]
-    return out + [(*job, evals) for evals in ((), ("rung",), ("kl",)) for job in runs_]
-
-
-Q7_SEEDS, Q7_REUSED = (1, 2, 3, 4, 5, 6, 7, 8), ()     # () since the amendment (docs/study.md, part 6)
-Q7_WARMUP = "warmup-q7"                                  # the long part's warm-up command, Q7's own runs of it
-Q7_EVALS = ("id", "id-best", "ood", "kl200")   # primary first; kl200: the KL to the warm-up at step 200 only
-Q7_GTPO = ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]     # the defaults, named
-
-
-def q7_pair(seed):
-    """(GRPO beta = 0 run id, GTPO run id) of a Q7 seed: seeds 1-2 reuse the long part's GRPO runs."""
-    return (f"grpo-long-s{seed}" if seed in Q7_REUSED else f"q7-grpo-s{seed}"), f"q7-gtpo-s{seed}"
-
-
-def q7_jobs():
-    """Q7 (docs/study.md, part 6): GTPO with the default objective against GRPO beta = 0 over the long part's 200
-    steps, seeds 1-8, each seed's two runs from its own run of the long part's warm-up command (Q7_WARMUP),
-    seed by seed (two workers: --seeds 1,3,5,7 and 2,4,6,8). Each run is evaluated in the job that trains it
-    (Q7_EVALS), so no cell needs its weights trained again. A reused GRPO run (Q7_REUSED) would be trained
-    again for its OOD evaluation, which checks at every step that it logs the committed values. The
-    optional released-form arm is Q8's (q8_jobs)."""
-    w, flags = Q7_WARMUP, WARMUPS["long"][1]
-    grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
-    for s in Q7_SEEDS:
-        out += [(f"{w}-s{s}", flags, s, None, ())]
-        out += [(q7_pair(s)[1], COMMON + Q7_GTPO, s, f"{w}-s{s}", Q7_EVALS),
-                (q7_pair(s)[0], grpo, s, f"{w}-s{s}", ("ood",) if s in Q7_REUSED else Q7_EVALS)]
-    return out
-
-
-Q8_WARMUP, Q8_HOST_SEEDS = "warmup-q8", (1, 2)     # GRPO trained again on these seeds where the warm-up is not Q7's
-Q8_RELEASED = [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
-Q8_NOGAMMA = [*Q7_GTPO, "--ent_gamma", "0"]                          # the conflict masks and delta_i alone
-
-
-def warmup_differs(seed):
-    """Whether Q8's warm-up of the seed has a committed fingerprint other than Q7's (another host's numerics);
-    None while either is not committed."""
-    paths = [os.path.join(KEEP, f"{w}-s{seed}", "adapter_fingerprint.json") for w in (Q7_WARMUP, Q8_WARMUP)]
-    if not all(os.path.isfile(p) for p in paths):
-        return None
-    return runs.read_json(paths[0])["fingerprint"] != runs.read_json(paths[1])["fingerprint"]
-
-
-def q8_jobs():
-    """Q8 (docs/study.md, part 7): on Q7's seeds, GTPO with the released entropy term (q7-released, Q7's declared
-    optional arm) and with gamma = 0 (q8-nogamma), each from the seed's Q8 run of Q7's warm-up command, whose
-    fingerprint decides the pairing; GRPO again on Q8_HOST_SEEDS where it differs from Q7's. One worker per
-    seed, each run evaluated in the job that trains it (Q7_EVALS)."""
-    grpo, out = COMMON + ["--use_grpo", *A9, *LONG], []
-    for s in Q7_SEEDS:
-        w = f"{Q8_WARMUP}-s{s}"
-        out += [(w, WARMUPS["long"][1], s, None, ()),
-                (f"q7-released-s{s}", COMMON + Q8_RELEASED, s, w, Q7_EVALS),
-                (f"q8-nogamma-s{s}", COMMON + Q8_NOGAMMA, s, w, Q7_EVALS)]
-        if s in Q8_HOST_SEEDS and warmup_differs(s):
-            out += [(f"q8-grpo-s{s}", grpo, s, w, Q7_EVALS)]
-    return out
-
-
-def pilot_skipped(run_id):
-    """A pilot rung after the chosen one is not run (the ladder stops at the first collapse)."""
-    rung = chosen_rung()
-    if rung is None or not run_id.startswith("pilot-"):
-        return False
-    names = [name for name, _, _ in LADDER]
-    return names.index(run_id.split("-")[1]) > names.index(rung)
-
-
-def earlier_rungs_pending(run_id):
-    """A pilot run of a rung whose earlier rungs' GRPO runs have not all finished: whether it runs at
-    all (pilot_skipped) is not known yet."""
-    if not run_id.startswith("pilot-"):
-        return False
-    names = [name for name, _, _ in LADDER]
-    return any(load(f"pilot-{name}-grpo-s{PILOT_SEED}") is None for name in names[:names.index(run_id.split("-")[1])])
-
-
-def jobs():
-    """(run id, flags, seed, warm-up run id or None, evaluations) in order: warm-ups, main, long,
-    collapse (collapse_jobs)."""
-    out = [(f"{w}-s{s}", flags, s, None, evals) for part, (w, flags, evals) in WARMUPS.items()
-           for s in sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})]
-    for part in WARMUPS:
-        seeds = sorted({s for _, p, ss, _, _ in RUNS if p == part for s in ss})
-        out += [(f"{name}-s{s}", COMMON + flags, s, f"{WARMUPS[part][0]}-s{s}", evals)
-                for s in seeds for name, p, ss, flags, evals in RUNS if p == part and s in ss]
-    return out + collapse_jobs() + q6_jobs() + q7_jobs() + q8_jobs()
-
 
 # -----------------------------------------------------------------------------
 # running: one subprocess at a time per worker, each resumable
@@ -565,47 +369,6 @@ def last_training_seconds(run_id):
     path = os.path.join(KEEP, run_id, "times.json")
     tried = runs.read_json(path).get("train", []) if os.path.isfile(path) else []
     return next((t["seconds"] for t in reversed(tried) if t["finished"]), None)
-# -----------------------------------------------------------------------------
-# the committed files, and the collapse rule the runner applies to them
-
-def load(run_id, base=None):
-    """A run's committed files: RL metric rows, evaluations by set, times, conflicts, best, config;
-    None if it has not finished training."""
-    d = os.path.join(base or KEEP, run_id)
-    if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
-        return None
-    rows = [r for _, r in read_jsonl(os.path.join(d, "metrics.jsonl"))]
-    evals = {f[5:-5]: runs.read_json(os.path.join(d, f)) for f in sorted(os.listdir(d))
-             if f.startswith("eval-") and f.endswith(".json")}
-    files = {f: runs.read_json(os.path.join(d, f)) for f in ("times.json", "conflicts.json", "best.json", "config.json",
-                                                      "diverged.json", "host.json")
-             if os.path.isfile(os.path.join(d, f))}
-    return {"rl": [r for r in rows if r.get("phase") == "rl"], "evals": evals, **files}
-
-
-def trailing(vals, n):
-    """Trailing means over n steps (the first n - 1 over what there is)."""
-    return [statistics.fmean(vals[max(0, i - n + 1):i + 1]) for i in range(len(vals))]
-
-
-COLLAPSE_WINDOW, COLLAPSE_DROP = 10, 2.0      # steps; points of the 10-point formatting reward (= 20 %)
-
-
-def collapse_step(rows, diverged=None):
-    """The first RL step at which the trailing-10-step formatting reward is >= 2 points below its mean
-    over the first 10 RL steps while the trailing-10-step entropy is above ln 2; None if never.
-    diverged: {"step": n} of a run that train.py stopped on consecutive non-finite losses, which
-    collapsed at step n unless the rule found an earlier step."""
-    fmt, ent = [r["rewards/format"] for r in rows], [r["entropy"] for r in rows]
-    if len(fmt) < 2 * COLLAPSE_WINDOW:
-        return diverged and diverged["step"]
-    start = statistics.fmean(fmt[:COLLAPSE_WINDOW])
-    for r, f, h in zip(rows, trailing(fmt, COLLAPSE_WINDOW), trailing(ent, COLLAPSE_WINDOW)):
-        if r["step"] - rows[0]["step"] >= COLLAPSE_WINDOW and f <= start - COLLAPSE_DROP and h > math.log(2):
-            return r["step"]
-    return diverged and diverged["step"]
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shard", default="0/1", metavar="K/N", help="run jobs K, K+N, K+2N, ... (N workers)")

@@ -1,10 +1,11 @@
-"""study/run.py and study/report.py: the run table gives every run the same budget, the statistics and verdict rule of
-docs/study.md, and a report recomputed from the committed small files alone."""
+"""study/plan.py, study/run.py and study/report.py: the parts give every run the same budget, the statistics and
+verdict rule of docs/study.md, and a report recomputed from the committed small files alone."""
 import json
 import os
 
 import pytest
 
+from study import figures, plan
 from study import report as study_report
 from study import run as study
 
@@ -19,17 +20,17 @@ def test_run_table_same_budget_and_warm_ups_first():
         if start is None:
             continue
         assert start in warm and ids.index(start) < i and start.endswith(f"-s{seed}")
-        assert flags[:len(study.COMMON)] == study.COMMON              # same prompts per step, G, tokens
-        extra = flags[len(study.COMMON):]
+        assert flags[:len(plan.COMMON)] == plan.COMMON              # same prompts per step, G, tokens
+        extra = flags[len(plan.COMMON):]
         budget = {"--batch_size", "--generation_size", "--max_completion_length", "--sft_warmup_steps"}
         assert not budget & set(extra)
-    main = {n: (flags, ss) for n, p, ss, flags, _ in study.RUNS if p == "main"}
+    main = {a.name: (a.flags[len(plan.COMMON):], a.seeds) for a in plan.part("main").arm_list() if a.start}
     assert all(ss == (1, 2, 3) for _, ss in main.values())
     # the objective is crossed with the optimizer: both methods under both Adam settings
     for method in ("--use_gtpo", "--use_grpo"):
-        for betas in (study.A6, study.A9):
+        for betas in (plan.A6, plan.A9):
             assert any(f[0] == method and f[1:] == betas for f, _ in main.values())
-    long = [flags for n, p, _, flags, _ in study.RUNS if p == "long"]
+    long = [a.flags[len(plan.COMMON):] for a in plan.part("long").arm_list() if a.start]
     assert len(long) == 2 and long[0][1:] == long[1][1:]                # same settings but the method
 
 
@@ -62,14 +63,14 @@ def test_verdict_rule(sign, mean, p, ci, want):
 
 def test_collapse_rule():
     rows = [{"step": k, "rewards/format": 9.5, "entropy": 0.4} for k in range(1, 31)]
-    assert study.collapse_step(rows) is None
+    assert plan.collapse_step(rows) is None
     for r in rows[18:]:
         r["rewards/format"], r["entropy"] = 5.0, 1.5                   # formatting breaks, entropy up
-    step = study.collapse_step(rows)
+    step = plan.collapse_step(rows)
     assert step is not None and 20 <= step <= 30
     for r in rows[18:]:
         r["entropy"] = 0.5                                             # below ln 2: not the paper's collapse
-    assert study.collapse_step(rows) is None
+    assert plan.collapse_step(rows) is None
 
 
 def test_best_checkpoint_is_the_highest_reward_window():
@@ -80,10 +81,9 @@ def test_best_checkpoint_is_the_highest_reward_window():
 def committed_in(folder, monkeypatch):
     """The study's committed files (study/runs/, and summary.md and the figures in study/) read from and written
     to `folder`."""
-    for module in (study, study_report):
+    for module in (plan, study, study_report):
         monkeypatch.setattr(module, "KEEP", str(folder))
         monkeypatch.setattr(module, "STUDY", str(folder))
-    monkeypatch.setattr(study_report, "V1", str(folder / "v1"))
 
 
 def _write_run(keep, run_id, acc, counts):
@@ -155,11 +155,12 @@ def test_collapse_table_reads_h_ini_and_applies_the_rule(tmp_path, monkeypatch):
             (d / "config.json").write_text(json.dumps({"h_ini": 0.401}))
             (d / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0}, {"step": 40, "kl": s / 10}],
                                                         "problems": 16, "samples_per_problem": 2}))
-    lines, rule = study_report.collapse_lines()
+    (_, _, rule, lines), = study_report.collapse_lines(plan.part("long"))
     assert rule.startswith("holds") and len(lines) == 6
     assert lines[2] == "| GTPO, 200 steps, seed 1 | 0.401 | 95.0 → 95.0 | 0.400 → 0.400 | none | 0.100 (step 40) |"
     assert lines[5].startswith("| GRPO β=0, 200 steps, seed 2 |") and lines[5].endswith("| 0.200 (step 40) |")
-    assert study_report.plot_curves(["gtpo-long", "grpo-long"], "long", str(tmp_path / "long.png"), 10, kl=True)
+    assert figures.plot_curves(str(tmp_path / "long.png"), plan.part("long"), ["gtpo-long", "grpo-long"], "long",
+                                    10, kl=True)
 
 
 def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
@@ -168,7 +169,7 @@ def test_paused_seconds_are_not_counted_as_work(tmp_path, monkeypatch):
     (tmp_path / "gtpo-a6-s1" / "times.json").write_text(json.dumps({
         "train": [{"seconds": 900.0, "finished": True, "workers": 2, "paused_seconds": 300}],
         "eval-id": [{"seconds": 1200.0, "finished": True, "workers": 2}]}))
-    assert study_report.cost_hours() == pytest.approx((600 + 1200) / 3600)
+    assert study_report.cost_hours("main and long parts") == pytest.approx((600 + 1200) / 3600)
     row = next(line for line in study_report.summary_lines() if line.startswith("| GTPO, Adam β 0.999999 |"))
     assert row.endswith("| 10.0 ± 0.0 |")                               # train minutes: 600 s worked
 
@@ -179,26 +180,26 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
     join the table with that rung's flags; a rung's runs wait for every earlier rung's GRPO run. A
     run stopped on non-finite losses counts as collapsed."""
     committed_in(tmp_path, monkeypatch)
-    assert study.chosen_rung() is None
-    assert not any(j[0].startswith("collapse-") for j in study.collapse_jobs())
+    assert plan.chosen_rung() is None
+    assert not any(j[0].startswith("collapse-") for j in plan.part_jobs(plan.part("collapse")))
     calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "entropy": 0.3} for k in range(1, 101)]
     broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if r["step"] > 60 else {})) for r in calm]
     for run_id, rows in (("pilot-r1-grpo-s11", calm), ("pilot-r2-grpo-s11", broke)):
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert study.chosen_rung() == "r2"
-    assert not study.pilot_skipped("pilot-r2-gtpo-s11") and study.pilot_skipped("pilot-r3-grpo-s11")
-    tests = [j for j in study.collapse_jobs() if j[0].startswith("collapse-")]
-    assert sorted({j[2] for j in tests}) == list(study.TEST_SEEDS) and len(tests) == 4 * len(study.TEST_SEEDS)
-    n = 2 * len(study.TEST_SEEDS)
+    assert plan.chosen_rung() == "r2"
+    assert not plan.pilot_skipped("pilot-r2-gtpo-s11") and plan.pilot_skipped("pilot-r3-grpo-s11")
+    tests = [j for j in plan.part_jobs(plan.part("collapse")) if j[0].startswith("collapse-")]
+    assert sorted({j[2] for j in tests}) == list(plan.TEST_SEEDS) and len(tests) == 4 * len(plan.TEST_SEEDS)
+    n = 2 * len(plan.TEST_SEEDS)
     assert [j[4] for j in tests] == [("rung", "rung-precollapse")] * n + [("kl",)] * n      # the drift last
     flags = tests[0][1]
     assert flags[flags.index("--lr") + 1] == "1e-3" and flags[flags.index("--dataset") + 1] == "arithmetic"
-    assert flags[:len(study.COMMON)] == study.COMMON and {j[3] for j in tests} == \
-        {f"warmup-collapse-s{s}" for s in study.TEST_SEEDS}
-    assert not study.earlier_rungs_pending("pilot-r3-gtpo-s11") and study.earlier_rungs_pending("pilot-r4-gtpo-s11")
-    assert study.collapse_step(calm[:40], {"step": 40}) == 40                     # diverged: collapsed there
-    assert study.collapse_step(broke, {"step": 99}) < 99                           # the rule's earlier step wins
+    assert flags[:len(plan.COMMON)] == plan.COMMON and {j[3] for j in tests} == \
+        {f"warmup-collapse-s{s}" for s in plan.TEST_SEEDS}
+    assert not plan.earlier_rungs_pending("pilot-r3-gtpo-s11") and plan.earlier_rungs_pending("pilot-r4-gtpo-s11")
+    assert plan.collapse_step(calm[:40], {"step": 40}) == 40                     # diverged: collapsed there
+    assert plan.collapse_step(broke, {"step": 99}) < 99                           # the rule's earlier step wins
 
 
 def test_fisher_exact_one_sided_hand_values_and_the_declared_verdicts():
@@ -208,11 +209,11 @@ def test_fisher_exact_one_sided_hand_values_and_the_declared_verdicts():
     assert f(4, 4, 0, 4) == pytest.approx(1 / 70) and f(5, 6, 1, 6) == pytest.approx(37 / 924)
     assert f(5, 5, 1, 5) == pytest.approx(5 / 210) and f(4, 5, 0, 5) == pytest.approx(5 / 210)
     assert f(4, 5, 1, 5) == pytest.approx(26 / 252) and f(0, 5, 0, 5) == 1.0
-    v = study_report.collapse_verdict
-    assert v([True] * 5, [True] + [False] * 4)[0] == "holds"
-    assert v([True] * 4 + [False], [True] + [False] * 4)[0] == "same direction, within noise"
-    assert v([False] * 5, [True] * 5)[0] == "contradicted"
-    assert v([True, False], [True, False]) == ("no difference", 1.0)
+    v = study_report.verdict                              # a count difference and its one-sided p, as test_row
+    assert v(1, 4 / 5, f(5, 5, 1, 5)) == "holds"
+    assert v(1, 3 / 5, f(4, 5, 1, 5)) == "same direction, within noise"
+    assert v(1, -1, f(5, 5, 0, 5)) == "contradicted"
+    assert v(1, 0, 1.0) == "no difference"
 
 
 def _write_rl(folder, run_id, rows, h_ini=None, evals=()):
@@ -252,28 +253,28 @@ def test_ladder_and_test_tables_from_committed_runs(tmp_path, monkeypatch):
                         "none |")
     # GRPO r2 collapses at 64: 4 broken steps take the trailing format to 9.5 - 4 x 0.55 <= 7.5, entropy 0.74
     assert lines[4].startswith("| r2 | arithmetic | 1e-3 | GRPO β=0 | – |") and lines[4].endswith("| 64 |")
-    for s in study.TEST_SEEDS[:-1]:
+    for s in plan.TEST_SEEDS[:-1]:
         _write_rl(tmp_path, f"collapse-grpo-s{s}", broke, evals=(("rung", 0.1), ("rung-precollapse", 0.3)))
         _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.2), ("rung-precollapse", 0.2)))
-    lines, rule, secondary = study_report.collapse_test_lines()
-    assert rule == "not finished (4 of 5 seeds)" and secondary is None
+    rule, lines = study_report.collapse_test_lines(plan.part("collapse"))
+    assert rule == "not finished (4 of 5 seeds have both runs)" and "sign-flip" not in "\n".join(lines)
     assert lines[2] == "| 21 | 0.400 | 64 | none | 25.0 | – | 0.100 / 0.200 | 0.300 / 0.200 |"  # rows predate the key
-    s = study.TEST_SEEDS[-1]
+    s = plan.TEST_SEEDS[-1]
     _write_rl(tmp_path, f"collapse-grpo-s{s}", calm, evals=(("rung", 0.1),))
     _write_rl(tmp_path, f"collapse-gtpo-s{s}", calm, 0.4, evals=(("rung", 0.1),))
-    lines, rule, secondary = study_report.collapse_test_lines()
+    rule, lines = study_report.collapse_test_lines(plan.part("collapse"))
     assert rule == ("holds: GRPO collapses in 4 of 5 seeds, GTPO in 0 of 5; Fisher's exact test, one-sided, "
                     "p = 0.024")
-    assert lines[-1].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in secondary
+    assert lines[6].endswith("| 0.100 / 0.100 | – / – |") and "sign-flip p 0.125" in lines[8]
     curves = study_report.test_curve_lines()
     # steps 61-100 broken: the last 10 are all broken (entropy 1.4, format 4.0 of 10 points)
     assert len(curves) == 2 + 10 and curves[2] == ("| 21 | GRPO β=0 | 0.30 → 1.40 → 1.40 | 95 → 40 → 40 | "
                                                    "10.0 | 64 | – |")
-    assert study_report.plot_runs(study_report.ladder_plot_rows(), "ladder", str(tmp_path / "ladder.png"))
+    assert figures.plot_runs(str(tmp_path / "ladder.png"), plan.part("collapse"), "ladder_plot_rows")
     (tmp_path / f"collapse-gtpo-s{s}" / "eval-kl.json").write_text(json.dumps({"points": [{"step": 0, "kl": 0.0},
                                                                                         {"step": 100, "kl": 0.3}]}))
     assert study_report.test_curve_lines()[-1].endswith("| none | 0.300 (step 100) |")
-    assert study_report.plot_runs(study_report.test_plot_rows(), "test", str(tmp_path / "test.png"))   # + a KL panel
+    assert figures.plot_runs(str(tmp_path / "test.png"), plan.part("collapse"), "test_plot_rows")  # + a KL panel
 
 
 def test_precollapse_evaluation_reads_the_checkpoint_before_the_collapse(tmp_path, monkeypatch):
@@ -314,12 +315,12 @@ def test_a_collapse_test_run_costs_its_time_once_though_listed_twice(tmp_path, m
         "train": [{"seconds": 3000.0, "finished": True, "workers": 2}],
         "eval-kl": [{"seconds": 600.0, "finished": True, "workers": 2}]}))
     assert [j[0] for j in study.jobs()].count("collapse-grpo-s21") == 2
-    assert study_report.cost_hours(collapse=True) == pytest.approx(1.0)
+    assert study_report.cost_hours("collapse part") == pytest.approx(1.0)
 
 
 def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
     """docs/study.md part 4: what the verdict needs first (warm-ups, training), then `rung`, then `kl`."""
-    jobs = study.q6_jobs()
+    jobs = plan.part_jobs(plan.part("q6"))
     assert [j[0] for j in jobs[:3]] == ["warmup-collapse-s26", "warmup-collapse-s27", "warmup-collapse-s28"]
     trained = [j for j in jobs if j[4] == ()][3:]
     assert sorted(j[0] for j in trained) == sorted([f"q6-gtpo-s{s}" for s in range(21, 29)] +
@@ -329,7 +330,7 @@ def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
         assert start == f"warmup-collapse-s{seed}" and flags[flags.index("--lr") + 1] == "2e-3"
         assert flags[flags.index("--dataset", flags.index("--max_steps")) + 1] == "arithmetic-hard"
         assert ("--entropy_term" in flags) == run_id.startswith("q6-gtpo")
-        assert flags == study.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + \
+        assert flags == plan.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + \
             (["--entropy_term", "eq7"] if "gtpo" in run_id else [])
 
 
@@ -342,15 +343,15 @@ def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
     broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4, "grad_norm": 0.0} if r["step"] > 60 else {}))
              for r in calm]
     for s in range(21, 29):
-        grpo, gtpo = study.q6_pair(s)
+        grpo, gtpo = (plan.arm(name).run_id(s) for name in ("q6-grpo", "q6-gtpo"))
         _write_rl(tmp_path, grpo, broke if s <= 26 else calm)                     # GRPO: 6 of 8 collapse
         _write_rl(tmp_path, gtpo, broke if s == 21 else calm)                     # GTPO: 1 of 8
         if s == 21:
-            lines, rule = study_report.q6_lines()
+            (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q6"))
             assert rule == "not finished (1 of 8 seeds have both runs)"
             assert "| 21 | GTPO, Eq. 7 | 64 | 40 | 0.0 |" in "\n".join(lines)      # 40 steps with grad_norm 0
-    assert study.q6_pair(21) == ("collapse-grpo-s21", "q6-gtpo-s21") and study.q6_pair(27)[0] == "q6-grpo-s27"
-    lines, rule = study_report.q6_lines()
+    assert plan.arm("q6-grpo").run_id(21) == "collapse-grpo-s21" and plan.arm("q6-grpo").run_id(27) == "q6-grpo-s27"
+    (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q6"))
     assert rule == "holds: GRPO collapses in 6 of 8 seeds, GTPO (Eq. 7) in 1 of 8; Fisher's exact test, " \
                    "one-sided, p = 0.020" and len(lines) == 2 + 16
     attempt = lambda date: {"seconds": 1800.0, "finished": True, "workers": 2, "date": date}   # noqa: E731
@@ -358,20 +359,23 @@ def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
     (tmp_path / "warmup-collapse-s21" / "times.json").write_text(json.dumps(
         {"train": [attempt("2026-11-20T10:00:00"), attempt("2026-11-25T15:00:00")]}))
     (tmp_path / "q6-gtpo-s21" / "times.json").write_text(json.dumps({"train": [attempt("2026-11-25T16:00:00")]}))
-    assert study_report.cost_hours(q6=True) == pytest.approx(1.0)
-    assert study_report.cost_hours(collapse=True) == pytest.approx(0.5)
+    assert study_report.cost_hours("Q6") == pytest.approx(1.0)
+    assert study_report.cost_hours("collapse part") == pytest.approx(0.5)
 
 
 def test_one_sided_sign_flip_hand_values():
-    """8 of 8 in one direction: 1/256; the sum's rank among the 2^m patterns otherwise; a zero flips to itself."""
-    assert study_report.sign_flip_one_sided([0.1] * 8) == 1 / 256
-    assert study_report.sign_flip_one_sided([-0.1] * 8) == 1.0
-    assert study_report.sign_flip_one_sided([0.3, -0.1]) == 2 / 4          # +-: 0.2 observed; ++ 0.4 and +- reach it
-    assert study_report.sign_flip_one_sided([0.1, 0.0]) == 2 / 4            # the 0 unit's two signs tie
-    assert study_report.q7_verdict([0.1] * 8) == ("holds", 1 / 256)
-    assert study_report.q7_verdict([-0.1] * 7 + [0.05]) == ("contradicted", 2 / 256)
-    assert study_report.q7_verdict([0.1, -0.1] * 4) == ("no difference", 1.0)
-    assert study_report.q7_verdict([0.1] * 6 + [-0.1] * 2)[0] == "same direction, within noise"
+    """8 of 8 in one direction: 1/256 (either direction: the p is the observed direction's); the sum's rank among
+    the 2^m patterns otherwise; a zero flips to itself; no direction at all: 1."""
+    one = lambda d: study_report.sign_flip_p(d, sided=1)                       # noqa: E731
+    assert one([0.1] * 8) == one([-0.1] * 8) == 1 / 256
+    assert one([0.3, -0.1]) == 2 / 4          # +-: 0.2 observed; ++ 0.4 and +- reach it
+    assert one([0.1, 0.0]) == 2 / 4            # the 0 unit's two signs tie
+    assert one([-0.1] * 7 + [0.05]) == 2 / 256 and one([0.1, -0.1] * 4) == 1.0
+    v = lambda d: study_report.verdict(1, sum(d) / len(d), one(d))            # noqa: E731
+    assert v([0.1] * 8) == "holds" and v([-0.1] * 7 + [0.05]) == "contradicted"
+    assert v([0.1, -0.1] * 4) == "no difference" and v([0.1] * 6 + [-0.1] * 2) == "same direction, within noise"
+    assert study_report.holm([0.01, 0.04]) == [0.02, 0.04] and study_report.holm([0.04, 0.01]) == [0.04, 0.02]
+    assert study_report.holm([0.03, 0.02]) == [0.04, 0.04]                      # step-down keeps the order
 
 
 def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
@@ -383,8 +387,8 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
              "entropy": 0.5 - k / 1000, "grad_norm": 0.0 if k in (3, 4) else 0.1, "gtpo/filtered_frac": 0.25}
             for k in range(1, 201)]
     ev = lambda p1: ("id", {"pass@k": {"1": p1}, "format_rate": 0.99, "mean_length": 52.4})   # noqa: E731
-    for s in study.Q7_SEEDS:
-        grpo, gtpo = study.q7_pair(s)
+    for s in plan.Q7_SEEDS:
+        grpo, gtpo = (plan.arm(name).run_id(s) for name in ("q7-grpo", "q7-gtpo"))
         assert (grpo, gtpo) == (f"q7-grpo-s{s}", f"q7-gtpo-s{s}")
         for run_id, p1 in ((grpo, 0.40), (gtpo, 0.45 if s != 8 else 0.30)):   # GTPO higher in 7 of 8
             _write_rl(tmp_path, run_id, rows)
@@ -392,11 +396,11 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
                               ("kl200", {"points": [{"step": 200, "kl": 0.321, "tokens": 900}]})):
                 (tmp_path / run_id / f"eval-{name}.json").write_text(json.dumps(res))
         if s == 1:
-            lines, rule = study_report.q7_lines()
-            assert rule == "not finished (1 of 8 seeds have both runs evaluated)"
+            (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
+            assert rule == "not finished (1 of 8 seeds have both runs)"
             assert "| 1 | GTPO, Eq. 7 (default) | 0.450 | 99 | 52 | – | 0.200 | 90 → 100 | 10.0 → 40.0 | " \
                    "0.49 → 0.30 → 0.30 | 2 | 25.0 | 0.321 | – |" in "\n".join(lines)
-    lines, rule = study_report.q7_lines()
+    (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
     diffs = [0.05] * 7 + [-0.10]
     p = sum(sum(d if m >> i & 1 else -d for i, d in enumerate(diffs)) >= sum(diffs) - 1e-12 for m in range(256)) / 256
     assert rule == (f"{'holds' if p <= 0.05 else 'same direction, within noise'}: ID pass@1 GTPO − GRPO "
@@ -408,48 +412,47 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
                                                                      "eval-id": [{"seconds": 1800.0}]}))
     (tmp_path / "warmup-q7-s1").mkdir()
     (tmp_path / "warmup-q7-s1" / "times.json").write_text(json.dumps({"train": [{"seconds": 360.0}]}))
-    assert study_report.cost_hours(q7=True) == pytest.approx(1.1)
-    assert study_report.cost_hours() == study_report.cost_hours(q6=True) == study_report.cost_hours(collapse=True) == 0
+    assert study_report.cost_hours("Q7") == pytest.approx(1.1)
+    assert sum(study_report.cost_hours(n) for n in ("main and long parts", "Q6", "collapse part", "Q8")) == 0
 
 
 def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
-    """docs/study.md part 6: per seed its own warm-up, then GTPO (the default objective, named) and GRPO, each job
-    carrying its evaluations; the released-form arm after every primary run."""
-    jobs = study.q7_jobs()
-    primary = jobs[:3 * len(study.Q7_SEEDS)]
-    for k, s in enumerate(study.Q7_SEEDS):
-        warm, gtpo, grpo = primary[3 * k:3 * k + 3]
-        assert warm[0] == f"warmup-q7-s{s}" and warm[1] == study.WARMUPS["long"][1] and warm[3] is None
+    """docs/study.md part 6: per seed its own warm-up, then GRPO and GTPO (the default objective, named), each job
+    carrying its evaluations (the released-form arm is Q8's)."""
+    jobs = plan.part_jobs(plan.part("q7"))
+    assert len(jobs) == 3 * len(plan.Q7_SEEDS)
+    for k, s in enumerate(plan.Q7_SEEDS):
+        warm, grpo, gtpo = jobs[3 * k:3 * k + 3]
+        assert warm[0] == f"warmup-q7-s{s}" and warm[1] == plan.WARMUP_LONG and warm[3] is None
         assert gtpo[0] == f"q7-gtpo-s{s}" and gtpo[3] == warm[0] and gtpo[4] == ("id", "id-best", "ood", "kl200")
         assert grpo[0] == f"q7-grpo-s{s}" and grpo[3] == warm[0] and grpo[4] == gtpo[4]
         assert gtpo[1][-4:] == ["--entropy_term", "eq7", "--entropy_filter", "auto"] and "--use_gtpo" in gtpo[1]
-        assert "--use_grpo" in grpo[1] and gtpo[1][:len(study.COMMON)] == grpo[1][:len(study.COMMON)]
+        assert "--use_grpo" in grpo[1] and gtpo[1][:len(plan.COMMON)] == grpo[1][:len(plan.COMMON)]
         assert [f for f in gtpo[1] if f not in grpo[1]] == ["--use_gtpo", "--entropy_term", "eq7", "--entropy_filter",
                                                             "auto"]
-    assert len(jobs) == len(primary)
 
 
 def test_q8_runs_start_from_their_own_warm_up_and_add_grpo_where_it_differs_from_q7s(tmp_path, monkeypatch):
     """docs/study.md part 7: per seed a Q8 warm-up, the released-term and gamma = 0 arms with Q7's GTPO flags
     otherwise; q8-grpo on seeds 1-2 only once that seed's warm-up fingerprint differs from Q7's."""
     committed_in(tmp_path, monkeypatch)
-    jobs = study.q8_jobs()
-    q7 = {j[0]: j for j in study.q7_jobs()}
+    jobs = plan.part_jobs(plan.part("q8"))
+    q7 = {j[0]: j for j in plan.part_jobs(plan.part("q7"))}
     assert [j[0] for j in jobs[:3]] == ["warmup-q8-s1", "q7-released-s1", "q8-nogamma-s1"]
     warm, rel, nog = jobs[:3]
     assert warm[1] == q7["warmup-q7-s1"][1] and warm[3] is None and rel[3] == nog[3] == "warmup-q8-s1"
     gtpo = q7["q7-gtpo-s1"][1]
     assert rel[1] == [*gtpo[:-4], "--entropy_term", "released", "--entropy_filter", "auto"]
     assert nog[1] == gtpo + ["--ent_gamma", "0"] and rel[4] == nog[4] == q7["q7-gtpo-s1"][4]
-    assert len(jobs) == 3 * len(study.Q7_SEEDS) and study.warmup_differs(1) is None
+    assert len(jobs) == 3 * len(plan.Q7_SEEDS) and plan.warmup_differs(1) is None
     for w, fp in (("warmup-q7", [1, 2]), ("warmup-q8", [1, 2])):
         for s in (1, 3):
             (tmp_path / f"{w}-s{s}").mkdir()
             (tmp_path / f"{w}-s{s}" / "adapter_fingerprint.json").write_text(json.dumps({"fingerprint": fp}))
-    assert study.warmup_differs(1) is False and len(study.q8_jobs()) == len(jobs)
+    assert plan.warmup_differs(1) is False and len(plan.part_jobs(plan.part("q8"))) == len(jobs)
     for s in (1, 3):
         (tmp_path / f"warmup-q8-s{s}" / "adapter_fingerprint.json").write_text(json.dumps({"fingerprint": [1, 3]}))
-    grpo = [j for j in study.q8_jobs() if j[0].startswith("q8-grpo")]
+    grpo = [j for j in plan.part_jobs(plan.part("q8")) if j[0].startswith("q8-grpo")]
     assert [j[0] for j in grpo] == ["q8-grpo-s1"] and grpo[0][1] == q7["q7-grpo-s1"][1] and grpo[0][3] == "warmup-q8-s1"
 
 
@@ -548,3 +551,56 @@ def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp
     assert json.loads((tmp_path / "q6-gtpo-s25" / "host.json").read_text()) == {"cpu": ["AVX512"],
                                                                                "hosts": [study.host()]}
     assert study.host().count(";") == 1 and "torch 2." in study.host() and "family" in study.host()
+
+
+def test_q8_verdicts_holm_and_the_default_term_rule_on_hand_made_runs(tmp_path, monkeypatch):
+    """docs/study.md part 7: the two primary one-sided tests are Holm-adjusted together; the default becomes
+    `released` only if released − Eq. 7 is positive with two-sided p <= 0.05 and released is not contradicted
+    against GRPO; before every run is in, Eq. 7 stays and the rule says it has not decided."""
+    committed_in(tmp_path, monkeypatch)
+    rows = [{"step": k, "phase": "rl", "rewards/format": 9.0, "rewards/accuracy": 2.0, "entropy": 0.3}
+            for k in range(1, 21)]
+    q8 = plan.part("q8")
+
+    def write(values):                                          # arm -> 8 ID pass@1 values
+        for name, ps in values.items():
+            for s, p1 in zip(plan.Q7_SEEDS, ps):
+                d = tmp_path / f"{name}-s{s}"
+                d.mkdir(exist_ok=True)
+                (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+                (d / "eval-id.json").write_text(json.dumps({"pass@k": {"1": p1}, "format_rate": 1.0,
+                                                            "mean_length": 40.0}))
+    write({"q7-grpo": [0.40] * 8, "q7-gtpo": [0.30] * 8, "q7-released": [0.45] * 8})
+    assert study_report.default_term(q8) == ("eq7", "not decided: the runs are not all evaluated")
+    write({"q8-nogamma": [0.35] * 7 + [0.45]})
+    (_, _, rule, lines), = study_report.q8_lines(q8)
+    assert rule == "released − GRPO: holds; γ = 0 − GRPO: contradicted"
+    text = "\n".join(lines)
+    assert len([ln for ln in lines if ln.startswith("| 1 |")]) == 4                      # the 4 arms of seed 1
+    # released: 8 of 8 above GRPO, one-sided p 1/256, Holm: doubled; γ = 0: 7 of 8 below, p 9/256, Holm: itself
+    assert "- released − GRPO: holds: ID pass@1 released − GRPO +0.050 on average, released higher in 8 of 8 " \
+           "seeds; exact one-sided sign-flip test, p = 0.004, Holm-adjusted 0.008" in text
+    assert "γ = 0 higher in 1 of 8 seeds; exact one-sided sign-flip test, p = 0.035, Holm-adjusted 0.035" in text
+    assert "- released − Eq. 7: released above Eq. 7 (across seeds): ID pass@1" in text
+    assert "Default entropy term by part 7's rule: `released` (released − Eq. 7 +0.150, p = 0.008" in text
+    assert study_report.default_term(q8)[0] == "released"
+    write({"q7-released": [0.31] * 6 + [0.29] * 2})                # above Eq. 7 on 6 of 8: p = 2 x 37/256 > 0.05
+    assert study_report.default_term(q8)[0] == "eq7"
+    write({"q7-released": [0.35] * 8, "q7-grpo": [0.50] * 8})      # above Eq. 7 on 8, but below GRPO on 8
+    term, why = study_report.default_term(q8)
+    assert term == "eq7" and why.endswith("released is contradicted against GRPO")
+
+
+def test_a_warm_up_trained_again_must_match_its_committed_fingerprint(tmp_path, monkeypatch):
+    """Runs started from a warm-up that another host's numerics changed would start elsewhere: the runner stops."""
+    committed_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    (tmp_path / "work" / "warmup-q8-s1" / "final").mkdir(parents=True)
+    (tmp_path / "work" / "warmup-q8-s1" / "metrics.jsonl").write_text("")
+    monkeypatch.setattr(study, "adapter_fingerprint", lambda folder: [1, 2])
+    study.train("warmup-q8-s1", [], 1, None, (0, 1), 1)
+    assert json.loads((tmp_path / "warmup-q8-s1" / "adapter_fingerprint.json").read_text()) == {"fingerprint": [1, 2]}
+    study.train("warmup-q8-s1", [], 1, None, (0, 1), 1)                                   # the same one: fine
+    monkeypatch.setattr(study, "adapter_fingerprint", lambda folder: [1, 3])
+    with pytest.raises(SystemExit, match="differs from the committed one"):
+        study.train("warmup-q8-s1", [], 1, None, (0, 1), 1)
