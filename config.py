@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data import HUB, TASKS, check_data_dir, is_local, task_name
+from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
 from models import ALIASES
 from rollout import PATHS
 from runs import ConfigError
@@ -304,3 +304,29 @@ def finish(cfg):
     if cfg.output_dir is None:
         cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{task_name(cfg.dataset)}")
     return cfg
+
+
+def training_records(cfg, log=print):
+    """The training records of cfg.dataset, checked before the model loads (a bad data file fails here)."""
+    records = load_task(cfg.dataset, "train", cfg.data_dir)
+    check_solutions(cfg, records, log)
+    return records
+
+
+def check_solutions(cfg, records, log):
+    """Say when the SFT steps (the warm-up, or --use_sft) or the one-shot example would show records without a
+    worked `solution` -- an empty <reasoning></reasoning>, which the sampled completions then copy."""
+    def empty(record):
+        return not (record.get("solution") or "").strip()
+    missing = sum(map(empty, records)) if cfg.method == "sft" or cfg.sft_warmup_steps > 0 else 0
+    if missing:
+        what = "--use_sft" if cfg.method == "sft" else f"the SFT warm-up (--sft_warmup_steps {cfg.sft_warmup_steps})"
+        log(f"warning: {missing} of {len(records)} records of {cfg.dataset} have no `solution` (the worked reasoning): "
+            f"{what} trains on an empty <reasoning></reasoning> for them. Add a `solution` field to the records"
+            + (", or pass --sft_warmup_steps 0" if cfg.method != "sft" else ""))
+    if cfg.one_shot:
+        source = cfg.one_shot_from or cfg.dataset
+        if empty(records[0] if source == cfg.dataset else load_task(source, "train", cfg.data_dir)[0]):
+            log(f"warning: the one-shot example, the first train record of {source}, has no `solution`: every prompt "
+                f"shows an empty <reasoning></reasoning>. Give that record a `solution`, or pass --one_shot_from gsm8k "
+                f"(a built-in example) or --no-one_shot")

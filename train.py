@@ -19,7 +19,7 @@ import time
 import torch
 
 import step
-from config import UNRECORDED, ConfigError, identity_keys, parse_args
+from config import UNRECORDED, ConfigError, identity_keys, parse_args, training_records
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
@@ -67,26 +67,6 @@ def load_records(cfg, tok, records, log):
         raise DataError(f"no training prompts left in {cfg.dataset!r} after dropping prompts longer than "
                         f"--max_prompt_length {cfg.max_prompt_length}; raise it")
     return records, example
-
-
-def check_solutions(cfg, records, log):
-    """Before the model loads: say when the SFT steps (the warm-up, or --use_sft) or the one-shot example
-    would show records without a worked `solution` -- an empty <reasoning></reasoning>, which the
-    sampled completions then copy."""
-    def empty(record):
-        return not (record.get("solution") or "").strip()
-    missing = sum(map(empty, records)) if cfg.method == "sft" or cfg.sft_warmup_steps > 0 else 0
-    if missing:
-        what = "--use_sft" if cfg.method == "sft" else f"the SFT warm-up (--sft_warmup_steps {cfg.sft_warmup_steps})"
-        log(f"warning: {missing} of {len(records)} records of {cfg.dataset} have no `solution` (the worked reasoning): "
-            f"{what} trains on an empty <reasoning></reasoning> for them. Add a `solution` field to the records"
-            + (", or pass --sft_warmup_steps 0" if cfg.method != "sft" else ""))
-    if cfg.one_shot:
-        source = cfg.one_shot_from or cfg.dataset
-        if empty(records[0] if source == cfg.dataset else load_task(source, "train", cfg.data_dir)[0]):
-            log(f"warning: the one-shot example, the first train record of {source}, has no `solution`: every prompt "
-                f"shows an empty <reasoning></reasoning>. Give that record a `solution`, or pass --one_shot_from gsm8k "
-                f"(a built-in example) or --no-one_shot")
 
 
 def on_cuda(device):
@@ -203,8 +183,7 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 def train(cfg, dist, stop):
     log = print if dist.main else (lambda *a, **k: None)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
-    records = load_task(cfg.dataset, "train", cfg.data_dir)    # a bad data file fails before anything loads
-    check_solutions(cfg, records, log)
+    records = training_records(cfg, log)                # a bad data file fails before anything loads
     changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
                                  cfg.allow_changes.split(","), UNRECORDED) if dist.main else {}
     dist.barrier()

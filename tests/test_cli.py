@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import config
 import eval as ev
 import train
 from config import parse_args
@@ -66,14 +67,14 @@ def test_records_without_a_solution_are_announced_before_the_model_loads():
     said = []
     cfg = parse_args(["--dataset", "arithmetic"])                      # demo profile: SFT warm-up, one-shot
     bare = [{"question": f"q{i}", "answer": "1", "solution": None} for i in range(3)]
-    train.check_solutions(cfg, bare, said.append)
+    config.check_solutions(cfg, bare, said.append)
     assert len(said) == 2 and "3 of 3 records" in said[0] and "`solution`" in said[0] and "--sft_warmup_steps 0" in said[0]
     assert "one-shot example" in said[1] and "--no-one_shot" in said[1]
     said.clear()
-    train.check_solutions(parse_args(["--sft_warmup_steps", "0", "--no-one_shot"]), bare, said.append)
+    config.check_solutions(parse_args(["--sft_warmup_steps", "0", "--no-one_shot"]), bare, said.append)
     assert said == []                                                  # nothing shows a solution: nothing to say
     worked = [dict(r, solution="1 = 1") for r in bare]
-    train.check_solutions(cfg, worked, said.append)
+    config.check_solutions(cfg, worked, said.append)
     assert said == []
 
 
