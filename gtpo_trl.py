@@ -20,20 +20,28 @@ Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_we
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
     python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
+    python -m gtpo_trl            # the same after `pip install ".[trl]"`, from any folder
 """
 import json
 import logging
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 import gtpo
+from data import format_prompt, load_task, one_shot_example
 from gtpo_logprobs import sequence_logprobs
+from models import embedded_model_dir
+
+__all__ = ["GTPOConfig", "GTPOTrainer", "token_advantages", "embedded_model_dir", "example_dataset", "example_trainer"]
 
 # TRL imports bitsandbytes, whose CPU backend announces an optional kernel package it works without
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# TRL 1.16 calls transformers' gradient_checkpointing names, which transformers 5 renamed (FutureWarning each)
+warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 
 try:
     from trl import GRPOConfig, GRPOTrainer
@@ -219,32 +227,31 @@ class GTPOTrainer(GRPOTrainer):
         return gtpo.masked_mean(ent, out["completion_mask"], dim=1)                  # (n,)
 
 
+def example_dataset(tok, task="arithmetic"):
+    """A task's training records as a TRL dataset in the project's prompt format: `prompt` (App. 16.1's system
+    prompt, the task's first record as the worked one-shot example, then not trained on) and `answer`."""
+    from datasets import Dataset
+    records = load_task(task, "train")
+    example = one_shot_example(records[0])
+    return Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
+                              for r in records[1:]])
+
+
 def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):
     """GTPOTrainer (or, with method="grpo", TRL's GRPOTrainer with the same settings) on the embedded
     model and the arithmetic task, offline on CPU, with the demo's recipe; kw overrides GRPOConfig fields."""
-    from datasets import Dataset
-    try:
-        from data import arithmetic_task, format_prompt, one_shot_example
-        from models import load_model
-        from rewards import trl_reward
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"the example runs from a clone of the repository ({e}): git clone the "
-                                  "project and run `python gtpo_trl.py` there") from e
+    from models import load_model
+    from rewards import trl_reward
     torch.manual_seed(3407)
     model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
-    recs = arithmetic_task("train")
-    example = one_shot_example(recs[0])
-    ds = Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
-                            for r in recs[1:]])
-
     settings = dict(output_dir=output_dir, max_steps=max_steps, learning_rate=2e-4, num_generations=8,
                     per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
                     logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
                     adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
-                    warmup_steps=1, temperature=1.0, top_k=0, seed=3407)
+                    warmup_steps=0, temperature=1.0, top_k=0, seed=3407)     # TRL's warm-up starts at lr 0
     config, trainer = {"gtpo": (GTPOConfig, GTPOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[method]
     return trainer(model=model, processing_class=tok, reward_funcs=[trl_reward("arithmetic")],
-                   args=config(**{**settings, **kw}), train_dataset=ds)
+                   args=config(**{**settings, **kw}), train_dataset=example_dataset(tok))
 
 
 def main():
@@ -256,7 +263,13 @@ def main():
                    help="grpo: TRL's GRPOTrainer with the same settings")
     p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
     a = p.parse_args()
-    example_trainer(a.method, a.max_steps, a.output_dir).train()
+    trainer = example_trainer(a.method, a.max_steps, a.output_dir)
+    trainer.train()
+    final, metrics = os.path.join(a.output_dir, "final"), os.path.join(a.output_dir, "metrics.jsonl")
+    trainer.save_model(final)                                       # the LoRA adapter and the tokenizer
+    with open(metrics, "w") as f:                                   # TRL's logged rows, one per step
+        f.writelines(json.dumps(row) + "\n" for row in trainer.state.log_history)
+    print(f"done: adapter in {final} (python eval.py --adapter {final}), metrics in {metrics}")
 
 
 if __name__ == "__main__":

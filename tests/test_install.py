@@ -1,7 +1,9 @@
 """`pip install .` gives the library under names that are ours alone (setup.py): the objective, the
-reward (rewards.py, installed as gtpo_rewards), the gradient pass and, with TRL, GTPOTrainer -- and a
-user's own rewards.py beside their script neither shadows it nor is shadowed."""
+reward (rewards.py, installed as gtpo_rewards), the gradient pass, with TRL GTPOTrainer, and what its example
+reads (data.py and models.py as gtpo_data and gtpo_models, their imports of each other renamed with them) --
+and a user's own rewards.py beside their script neither shadows it nor is shadowed."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -11,7 +13,7 @@ import pytest
 
 from conftest import ENV, HERE
 
-LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py"}
+LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py", "gtpo_data.py", "gtpo_models.py"}
 
 
 def _source(tmp_path):
@@ -37,8 +39,9 @@ def test_pip_install_gives_the_library_under_our_names_only(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert {f for f in os.listdir(target) if not f.endswith((".dist-info", "__pycache__"))} == LIBRARY
     script = r"""
-import os, gtpo, gtpo_rewards
-print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards)})
+import os, gtpo, gtpo_rewards, gtpo_data, gtpo_models
+print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards, gtpo_data, gtpo_models)})
+assert gtpo_models.hub_unreachable is gtpo_data.hub_unreachable          # models.py's `from data import`, renamed
 total, _, _ = gtpo_rewards.reward(["<reasoning>r</reasoning><answer>\\dfrac{\\sqrt{3}}{2}</answer>"],
                                   ["\\frac{\\sqrt3}{2}"], "math")          # math-verify, in its worker
 print("reward", total.item())
@@ -111,8 +114,10 @@ def _readme_trl_snippet():
 
 @pytest.mark.slow
 def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
-    """README "GTPO from TRL": after `pip install .` the snippet runs as written (its model from the clone's
-    models.py), and `python gtpo_trl.py --max_steps 1` runs in the clone; the [trl] extra names what they import."""
+    """README "GTPO from TRL": after `pip install .` the snippet runs as written from a folder outside the clone
+    (nothing of the clone on the path), earns rewards that differ within a group (so a gradient flows) and
+    writes under runs/; `python gtpo_trl.py --max_steps 1` leaves an adapter and metrics that eval.py reads;
+    the [trl] extra names what they import."""
     pytest.importorskip("trl")
     import tomllib
     with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
@@ -127,10 +132,20 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
     snippet = _readme_trl_snippet()
     assert "max_steps=2" in snippet and snippet.count("\n") <= 13
     r = subprocess.run([sys.executable, "-c", snippet], cwd=user, capture_output=True, text=True, timeout=900,
-                       env=_clean_env(PYTHONPATH=f"{target}{os.pathsep}{HERE}"))
+                       env=_clean_env(PYTHONPATH=str(target), PYTHONWARNINGS="default"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "train_runtime" in r.stdout + r.stderr                    # TRL's summary of a finished train()
-    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--output_dir", str(tmp_path / "example")],
+    assert "FutureWarning" not in r.stderr                             # TRL's renamed-name warnings, silenced
+    with open(user / "runs" / "gtpo-trl-snippet" / "checkpoint-2" / "trainer_state.json") as f:
+        steps = [row for row in json.load(f)["log_history"] if "reward" in row]
+    assert len(steps) == 2 and any(row["reward_std"] > 0 for row in steps)            # rewards earned, and spread
+    out = tmp_path / "example"
+    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--output_dir", str(out)],
                        cwd=HERE, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "train_runtime" in r.stdout + r.stderr
+    assert f"done: adapter in {out / 'final'}" in r.stdout and (out / "final" / "adapter_config.json").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["learning_rate"] > 0 and "train_runtime" in rows[-1]      # the one step moved the weights
+    r = subprocess.run([sys.executable, "eval.py", "--adapter", str(out / "final"), "--limit", "1", "--n_samples", "1",
+                        "--max_completion_length", "16", "--output_dir", str(tmp_path / "eval")],
+                       cwd=HERE, capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0 and (tmp_path / "eval" / "results.json").is_file(), r.stderr[-3000:]

@@ -2,10 +2,13 @@
 datasets in $GTPO_DATA_DIR (../shared/data in CI; skipped with a reason if absent)."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conftest import ENV, HERE
 from rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number,
                      score)
 
@@ -336,27 +339,35 @@ def test_python_c_and_a_notebook_like_exec_score_alike(how):
     assert r.stdout.count("top level runs") == 1 and "reward 20.0" in r.stdout
 
 
-def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_model_dir, tiny_lm):
-    """README "Changing the reward": a length penalty added in rewards.reward alone reaches the RL step
-    (its advantages and `reward` metric), eval.py's scoring and the TRL reward function; the paper's two
-    terms (format, correctness) stay as they were."""
+@pytest.mark.parametrize("extra", [None, 0.5], ids=["as-reward-is", "plus-a-term"])
+def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_model_dir, tiny_lm, extra):
+    """README "Changing the reward": whatever rewards.reward returns -- the paper's total, a term a user added
+    there (the README's length penalty), or a term this test adds on top -- is what the RL step (its advantages
+    and `reward` metric), eval.py's scoring and the TRL reward function see, counted once; the paper's two terms
+    (format, correctness) stay score()'s."""
     import eval as evaluate
     import rewards
     import step
     from config import Config
     from models import load_tokenizer
     from rollout import Rollout
-    paper = rewards.reward
+    if extra is not None:
+        inner = rewards.reward
 
-    def with_length_penalty(completions, answers, task, counts=None):
-        total, fmt, cor = paper(completions, answers, task, counts)
-        return total - 0.01 * torch.tensor([len(c) for c in completions], dtype=torch.float32), fmt, cor
-    monkeypatch.setattr(rewards, "reward", with_length_penalty)
+        def with_a_term(completions, answers, task, counts=None):
+            total, fmt, cor = inner(completions, answers, task, counts)
+            return total + extra, fmt, cor
+        monkeypatch.setattr(rewards, "reward", with_a_term)
     texts = ["<reasoning>1 + 1</reasoning><answer>2</answer>", "no tags at all: 3"]
-    want = [20 - 0.01 * len(texts[0]), 0 - 0.01 * len(texts[1])]
-    assert rewards.trl_reward("numeric")(texts, ["2", "2"]) == pytest.approx(want)                  # TRL
+    cfg = Config(dataset="arithmetic", generation_size=2, max_completion_length=6, entropy_filter="off")
+    total, fmt, cor = rewards.reward(texts, ["2", "2"], cfg.reward_task)
+    _, paper_fmt, paper_cor = rewards.score(texts, ["2", "2"], cfg.reward_task)
+    assert fmt.tolist() == paper_fmt.tolist() == [10.0, 0.0] and cor.tolist() == paper_cor.tolist() == [10.0, 0.0]
+    want = total.tolist()
+    assert rewards.trl_reward(cfg.reward_task)(texts, ["2", "2"]) == pytest.approx(want)             # TRL
     row = evaluate.rescore_rows([{"completion": texts[0], "reference": "2", "task": "gsm8k"}])[0]     # eval.py
-    assert (row["reward"], row["format"], row["correct"]) == (pytest.approx(want[0]), 10.0, 10.0)
+    assert row["reward"] == pytest.approx(rewards.reward(texts[:1], ["2"], "gsm8k")[0].item())
+    assert (row["format"], row["correct"]) == (10.0, 10.0)
     tok, model = load_tokenizer(tiny_model_dir), tiny_lm(lora=True)                                 # training
     ids = [tok(t, add_special_tokens=False)["input_ids"][:6] for t in texts]
     comp = torch.tensor([i + [tok.pad_token_id] * (6 - len(i)) for i in ids])
@@ -364,7 +375,31 @@ def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_
     prompt = tok(["q"] * 2, return_tensors="pt")["input_ids"]
     ro = Rollout(prompt, torch.ones_like(prompt), comp, mask, torch.zeros(2, dtype=torch.bool), texts)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
-    cfg = Config(dataset="arithmetic", generation_size=2, max_completion_length=6, entropy_filter="off")
     m, _, scored = step.rl_step(model, model, tok, ["q"], ["2"], cfg)
     assert scored["rewards"].tolist() == pytest.approx(want) and m["reward"] == pytest.approx(sum(want) / 2)
     assert (m["rewards/format"], m["rewards/accuracy"]) == (5.0, 5.0)
+
+
+@pytest.mark.slow
+def test_the_readme_reward_edit_passes_the_test_it_names(tmp_path):
+    """README "Changing the reward", done as a user would: its block replaces rewards.reward in a copy of the
+    clone; the length penalty is then in the total, and the test the README names passes there."""
+    import shutil
+    with open(os.path.join(HERE, "README.md")) as f:
+        block = f.read().split("## Changing the reward", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    copy = tmp_path / "clone"
+    shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns(".git", "runs", "study", "docs", "figures", "bench",
+                                                                "__pycache__", ".venv"))
+    source = (copy / "rewards.py").read_text()
+    start = source.index("def reward(")
+    end = source.index("    return total, fmt, cor\n", start) + len("    return total, fmt, cor\n")
+    (copy / "rewards.py").write_text(source[:start] + block + source[end:])
+    check = ("import rewards; t = ['<reasoning>1</reasoning><answer>2</answer>']; "
+             "print(rewards.reward(t, ['2'], 'numeric')[0].item(), rewards.score(t, ['2'], 'numeric')[0].item())")
+    r = subprocess.run([sys.executable, "-c", check], cwd=copy, capture_output=True, text=True, env=ENV, timeout=120)
+    total, paper = map(float, r.stdout.split())
+    length = len("<reasoning>1</reasoning><answer>2</answer>")
+    assert paper == 20.0 and total == pytest.approx(20.0 - 0.01 * length)                # the penalty is in effect
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_rewards.py", "-k",
+                        "term_added"], cwd=copy, capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:]

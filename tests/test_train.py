@@ -635,3 +635,26 @@ def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
         records, example = train.load_records(cfg, tok, train.load_task(str(mine)), lines.append)
         assert len(records) == n and example[0] == (first or train.load_task("arithmetic")[0]["question"])
     assert lines[0] == f"one-shot example: the first train record of {mine}"
+
+
+@pytest.mark.slow
+def test_the_readme_own_data_check_runs_offline_as_written(tmp_path):
+    """README "Your own data": its short test, copied from the README, on a file of one's own with the Hub
+    unreachable (HF_HUB_OFFLINE=1): two RL steps, and the example is the file's first record."""
+    import subprocess
+    import sys
+    from conftest import ENV
+    with open(os.path.join(HERE, "README.md")) as f:
+        section = f.read().split("## Your own data", 1)[1].split("\n## ", 1)[0]
+    command = " ".join(section.split("A short test, offline: `", 1)[1].split("`", 1)[0].split())
+    assert command.startswith("python train.py --dataset mine.jsonl") and "gsm8k" not in command
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"question": f"Ann has {i} apples and gets 2 more. How "
+                                                                        f"many now?", "answer": str(i + 2),
+                                                             "solution": f"{i} + 2 = {i + 2}"}) + "\n"
+                                                 for i in range(6)))
+    argv = [sys.executable, os.path.join(HERE, "train.py")] + command.split()[2:]
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**ENV, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "one-shot example: the first train record of mine.jsonl" in r.stdout and "done:" in r.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "gtpo-smollm2-135m-mine" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["phase"] == "rl" for r in rows)
