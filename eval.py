@@ -325,10 +325,11 @@ def pick_sampler(args, model, tok, records, example, device, log=print):
                         generation_size=min(args.n_samples, args.batch_size),
                         prompt_tokens=longest_prompt(tok, records, example),
                         completion_tokens=args.max_completion_length, sampler="merged")
-    need, have = memory.sampling_card(model.config, s), torch.cuda.get_device_properties(device).total_memory
+    need = memory.sampling_card(model.config, s)
+    have = memory.HEADROOM * torch.cuda.get_device_properties(device).total_memory
     sampler = "merged" if need <= have else "generate"
     log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
-        f"{have / 1e9:.1f})")
+        f"{have / 1e9:.1f}, {memory.HEADROOM:.0%} of the card)")
     return sampler
 
 

@@ -18,7 +18,11 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
               backward; backward's in-flight gradients (one layer's worth); the LM head's chunk
               (gtpo_logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
   step        the larger of sampling and gradient: a training step's peak (what measured_peak measures)
-  peak        the largest stage, <H>_ini's included: the most tensor memory the run holds at once
+  first       with the merged sampler, what its first use adds once (at <H>_ini or step 1): one Linear's dense
+              temporary while the copy is built (merged_rollout.merged_copy) and the compile and CUDA-graph
+              capture of the decode step (FIRST_STEP_SHARE of the copy, from a GPU's measurement: on the CPU
+              the decode step is not compiled, so this part cannot be counted there)
+  peak        the largest stage, <H>_ini's included, plus first: the most tensor memory the run holds at once
   card        what the GPU must have: peak plus the allocator's slack (ALLOCATOR_SLACK of it) and
               the CUDA context (and NCCL's buffers with several ranks), which torch's allocator never
               sees (CONTEXT_BYTES, NCCL_BYTES: allowances to be replaced by a GPU's measurement,
@@ -52,6 +56,9 @@ H_INI_ROWS = 8                                  # prompts per rollout call of st
 CONTEXT_BYTES = 0.6e9                           # CUDA context + cuBLAS workspace, outside torch's allocator
 NCCL_BYTES = 0.5e9                              # NCCL's communicator buffers per rank
 ALLOCATOR_SLACK = 0.05                          # fragmentation with expandable segments (train.py sets them)
+FIRST_STEP_SHARE = 0.38                         # the merged sampler's first use above the estimate, per byte of
+                                                # its copy: a GPU's measurement (docs/performance.md §8)
+HEADROOM = 0.9                                  # merged only where its step, first use included, fits 90 % of it
 
 
 @dataclass
@@ -233,7 +240,8 @@ def estimate(config, s):
     grads = 0 if s.world_size > 1 else trainable * 4                       # in "ranks" with DDP
     out["gradient"] = held + grads + tokens * (kept + outside) + max(head, layer)
     out["step"] = max(out["sampling"], out["gradient"])                    # each training step's
-    out["peak"] = max(out["h_ini"], out["step"])
+    out["first"] = FIRST_STEP_SHARE * out["sampler"] + config.intermediate_size * D * b if s.sampler == "merged" else 0
+    out["peak"] = max(out["h_ini"], out["step"]) + out["first"]
     out["card"] = out["peak"] * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES + (NCCL_BYTES if s.world_size > 1 else 0)
     return out
 
@@ -286,27 +294,29 @@ def decide(config, s, budget_bytes, checkpointing=None):
 
 def choose_sampler(config, s, budget_bytes, checkpointing=None):
     """--rollout auto on CUDA: the kept merged copy (merged_rollout.py), which samples several times as fast
-    as `generate` through 4-bit layers, when the step with the copy held fits budget_bytes at the
-    micro-batch then chosen (decide); else `generate` -> (sampler, checkpointing, micro_batch_size,
-    estimate, why): why, one line saying what decided it."""
-    budget = f"{budget_bytes / GB:.1f} GB budget"
-    ckpt, m, est = decide(config, dataclasses.replace(s, sampler="merged"), budget_bytes, checkpointing)
-    if m is not None and est["card"] <= budget_bytes:
-        return "merged", ckpt, m, est, f"with its bf16 copy held the step needs {est['card'] / GB:.1f} GB of the {budget}"
+    as `generate` through 4-bit layers, when the step with the copy held, its first use included, fits
+    HEADROOM of budget_bytes at the micro-batch then chosen (decide); else `generate` within the whole
+    budget -> (sampler, checkpointing, micro_batch_size, estimate, why): why, one line saying what decided it."""
+    budget = f"{HEADROOM * budget_bytes / GB:.1f} GB ({HEADROOM:.0%} of the {budget_bytes / GB:.1f} GB budget)"
+    ckpt, m, est = decide(config, dataclasses.replace(s, sampler="merged"), HEADROOM * budget_bytes, checkpointing)
+    if m is not None and est["card"] <= HEADROOM * budget_bytes:
+        return "merged", ckpt, m, est, f"with its bf16 copy held the step needs {est['card'] / GB:.1f} GB of {budget}"
     why = (f"with the merged copy held the step would need {est['card'] / GB:.1f} GB of the {budget}" if m is not None
            else f"with the merged copy held not even one completion per micro-batch fits the {budget}")
     return ("generate", *decide(config, dataclasses.replace(s, sampler="generate"), budget_bytes, checkpointing), why)
 
 
 def sampling_card(config, s):
-    """What the card must hold to sample alone, as eval.py does: the sampling stage, the allocator's slack
-    and the CUDA context (an upper bound: it counts trainable weights' optimizer state eval has not)."""
-    return estimate(config, s)["sampling"] * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES
+    """What the card must hold to sample alone, as eval.py does: the sampling stage and the sampler's first use,
+    the allocator's slack and the CUDA context (an upper bound: it counts trainable weights' optimizer state
+    eval has not)."""
+    est = estimate(config, s)
+    return (est["sampling"] + est["first"]) * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES
 
 
 def describe(est):
     """One line: each stage in GB (ranks and sampler only where they are not 0)."""
-    return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.items() if v or k not in ("ranks", "sampler")) + " GB"
+    return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.items() if v or k not in ("ranks", "sampler", "first")) + " GB"
 
 
 class _Tracker:
@@ -418,8 +428,8 @@ def cpu_check(name):
 
 def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
     """Lines: the estimated card memory (GB) by micro-batch with and without checkpointing, then what
-    the defaults choose: the sampler ('sampler: merged' or 'sampler: generate', choose_sampler) and
-    memory.plan with it on one rank and on each of two: '<name> defaults: N.N GB ...'."""
+    the defaults choose on one rank and on each of two: the sampler ('sampler: merged' or 'sampler: generate')
+    and the plan with it (choose_sampler): '<name> defaults: N.N GB ...'."""
     config = model_config(name)
     lines = [f"{name}: B {s.batch_size} x G {s.generation_size}, prompt {s.prompt_tokens} + completion "
              f"{s.completion_tokens} tokens, LoRA {s.lora_rank}, {'NF4 ' if s.load_in_4bit else ''}"
@@ -430,11 +440,10 @@ def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
         peaks = [estimate(config, dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=ckpt,
                                                       share_prompt=not ckpt))["card"] for m in micro_batches]
         lines.append(f"| checkpointing {'on' if ckpt else 'off'} | " + " | ".join(f"{p / GB:.1f}" for p in peaks) + " |")
-    sampler, *_, why = choose_sampler(config, s, budget_bytes)
-    lines.append(f"sampler: {sampler} (--rollout auto on CUDA: {why})")
     for world in (1, 2):
-        ckpt, m, est = plan(config, dataclasses.replace(s, world_size=world, sampler=sampler), budget_bytes)
+        sampler, ckpt, m, est, why = choose_sampler(config, dataclasses.replace(s, world_size=world), budget_bytes)
         who = f"{name} defaults" + (f", {world} ranks (per GPU)" if world > 1 else "")
+        lines.append(f"sampler{'' if world == 1 else f', {world} ranks'}: {sampler} (--rollout auto on CUDA: {why})")
         lines.append(f"{who}: {est['card'] / GB:.1f} GB on the card ({describe(est)}) -- micro-batches of {m} of "
                      f"{s.batch_size * s.generation_size}, checkpointing {'on' if ckpt else 'off'}, budget "
                      f"{budget_bytes / GB:.1f} GB" if m else

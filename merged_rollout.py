@@ -14,11 +14,14 @@ weights (PEFT: merging LoRA into quantized weights is lossy, so the copy is dens
 
 merged_copy(model)     the plain model, or None when a layer cannot be merged (DoRA, LoRA bias)
 merged_sampler(model)  the policy's one persistent copy, refreshed in place with the current adapters
+sample(...)            G completions per prompt through the copy; on out-of-memory the copy is freed and this
+                       rollout and every later one of the policy go through `generate` instead
 generate_kwargs(...)   what `model.generate` is given for this path
 PAD_MULTIPLE           prompts are left-padded to a multiple of this, so the static cache (and the
                        compiled step) see few distinct lengths
 """
 import copy
+import gc
 import weakref
 
 import torch
@@ -87,6 +90,7 @@ def merged_copy(model, dtype=None):
 
 
 _SAMPLERS = weakref.WeakKeyDictionary()         # policy -> its merged copy (gone with the policy)
+_FELL_BACK = weakref.WeakSet()                  # policies whose copy ran out of memory: `generate` from then on
 
 
 def merged_sampler(model):
@@ -114,3 +118,28 @@ def merged_sampler(model):
 def generate_kwargs(device):
     """A static KV cache; transformers compiles the decode step on CUDA and not elsewhere."""
     return {"cache_implementation": "static", "disable_compile": torch.device(device).type != "cuda"}
+
+
+def sample(model, generate, ids, attn, group_size, *args, **kw):
+    """`generate` (rollout.generate's signature after its model) through the policy's merged copy; when the copy
+    runs out of memory (building, refreshing or sampling), it is freed, one line says so, and this rollout --
+    then every later one of the policy -- samples through the policy itself: no step is lost."""
+    if model not in _FELL_BACK:
+        try:
+            plain = merged_sampler(model)
+            if plain is not None:
+                return generate(plain, ids, attn, group_size, *args, **kw, **generate_kwargs(ids.device))
+        except torch.OutOfMemoryError as e:
+            why = str(e).splitlines()[0] if str(e) else "out of memory"
+        else:
+            why = None
+        if why is not None:                             # out of the except block: its traceback holds the copy
+            _SAMPLERS.pop(model, None)
+            _FELL_BACK.add(model)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            print(f"sampler: the merged copy ran out of memory ({why}); freed, this rollout and the rest of the run "
+                  f"sample through generate", flush=True)
+    return generate(model, ids, attn, group_size, *args, **kw)
+

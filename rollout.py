@@ -88,11 +88,11 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     if path == "shared" and ids.shape[1] > 1:
         comp = cpu_rollout.sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
                                   temperature, top_p, merge_lora)
+    elif path == "merged":                      # the kept copy; `generate` through the policy if it runs out
+        comp = merged_rollout.sample(model, generate, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
+                                     temperature, top_p)
     else:
-        sampler = merged_rollout.merged_sampler(model) if path == "merged" else None  # kept, refreshed
-        extra = merged_rollout.generate_kwargs(device) if sampler is not None else {}
-        comp = generate(sampler or model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad,
-                        temperature, top_p, **extra)
+        comp = generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad, temperature, top_p)
     model.train(was_training)
     mask, truncated = completion_mask(comp, eos)                                   # (N, L)
     comp = comp.masked_fill(mask == 0, pad)

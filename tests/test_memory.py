@@ -49,13 +49,14 @@ def test_bf16_autocast_and_checkpointing_each_lower_the_step():
 
 
 def test_table_rows_and_the_defaults_line():
-    lines = table("qwen2.5-3b", Settings(lora_rank=64), 20e9, micro_batches=(1, 12))
+    lines = table("qwen2.5-3b", Settings(lora_rank=64), 40e9, micro_batches=(1, 12))
     on, off = lines[3], lines[4]
     assert on.startswith("| checkpointing on |") and off.startswith("| checkpointing off |")
     assert float(on.split("|")[2]) < float(on.split("|")[3]) < float(off.split("|")[3])
-    assert lines[-2].startswith("qwen2.5-3b defaults: ") and "micro-batches of 12 of 12" in lines[-2]
+    assert lines[-4].startswith("sampler: ") and lines[-2].startswith("sampler, 2 ranks: ")
+    assert lines[-3].startswith("qwen2.5-3b defaults: ") and "micro-batches of 12 of 12" in lines[-3]
     assert lines[-1].startswith("qwen2.5-3b defaults, 2 ranks (per GPU): ") and "ranks 0.5" in lines[-1]
-    assert "h_ini" in lines[-2] and "ranks" not in lines[-2]
+    assert "h_ini" in lines[-3] and "ranks" not in lines[-3]
 
 
 def test_ranks_the_merged_sampler_and_h_ini_are_counted():
@@ -92,5 +93,25 @@ def test_the_sampler_choice_follows_the_budget():
     assert sampler == "merged" and m == 12 and est["sampler"] > 13e9 and est["card"] <= 80e9 and "80.0 GB" in why
     sampler, _, m, est, why = choose_sampler(config, Settings(), 16e9)
     assert sampler == "generate" and m is not None and est["sampler"] == 0 and est["card"] <= 16 * GB
-    assert "sampler: merged (" in table("llama-8b", Settings(), 80e9)[-3]
-    assert "sampler: generate (" in table("llama-8b", Settings(), 16e9)[-3]
+    assert "sampler: merged (" in table("llama-8b", Settings(), 80e9)[-4]
+    assert "sampler: generate (" in table("llama-8b", Settings(), 16e9)[-4]
+
+
+def test_the_merged_copy_keeps_headroom_for_its_first_step_on_40_and_80_gb():
+    """The paper's 8B defaults: the merged copy only where the step, its first use included (`first`), fits 90 %
+    of the budget -- at 40 GB on one and on each of two ranks it is taken with smaller micro-batches and the
+    card stays within 36 GB; at 80 GB with one micro-batch of 12; at 16 GB `generate`."""
+    import dataclasses
+    from memory import GB, HEADROOM, Settings, choose_sampler, model_config
+    config = model_config("llama-8b")
+    for world in (1, 2):
+        s = Settings(world_size=world)
+        sampler, ckpt, m, est, why = choose_sampler(config, s, 40e9)
+        assert sampler == "merged" and est["card"] <= HEADROOM * 40e9 <= 36 * GB and m < 12
+        assert est["first"] > 0 and est["peak"] == max(est["h_ini"], est["step"]) + est["first"]
+        assert "of 36.0 GB (90% of the 40.0 GB budget)" in why
+        sampler, _, m, est, _ = choose_sampler(config, s, 80e9)
+        assert sampler == "merged" and m == 12 and est["card"] <= 72 * GB
+        assert choose_sampler(config, s, 16e9)[0] == "generate"
+    from memory import estimate
+    assert estimate(config, dataclasses.replace(Settings(), sampler="generate"))["first"] == 0

@@ -188,3 +188,27 @@ def test_eval_samples_through_the_same_choice_on_cuda(tiny_model_dir, monkeypatc
     assert ev.pick_sampler(args, model, tok, records, None, "cpu", said.append) == "auto" and len(said) == 2
     forced = ev.parse_args(["--rollout", "generate"])
     assert ev.pick_sampler(forced, model, tok, records, None, "cuda", said.append) == "generate"
+
+
+def test_out_of_memory_in_the_merged_copy_falls_back_to_generate_for_the_rest_of_the_run(tiny_model_dir, monkeypatch,
+                                                                                         capsys):
+    """The copy running out of memory (a patched call raises torch's OutOfMemoryError) is freed, one line says
+    why, the same rollout completes through `generate` with every row, and the policy samples through
+    `generate` from then on."""
+    model, tok = _policy(tiny_model_dir)
+    merged_rollout.merged_sampler(model)                                  # a kept copy, as after earlier steps
+    calls = []
+
+    def out_of_memory(policy):
+        calls.append(policy)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    monkeypatch.setattr(merged_rollout, "merged_sampler", out_of_memory)
+    torch.manual_seed(0)
+    ro = rollout(model, tok, ["a prompt", "a longer prompt than that"], 3, 6, path="merged")
+    assert ro.completion_ids.shape[0] == ro.prompt_ids.shape[0] == 6 and len(ro.texts) == 6
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["sampler: the merged copy ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB); "
+                    "freed, this rollout and the rest of the run sample through generate"]
+    assert model not in merged_rollout._SAMPLERS
+    rollout(model, tok, ["a prompt"], 2, 4, path="merged")
+    assert len(calls) == 1 and capsys.readouterr().out == ""
