@@ -1,8 +1,8 @@
 """Sampling G completions per prompt (Sec. 3) with `model.generate`.
 
 rollout(...)      all prompts x G sampled as one batch, no grad -> Rollout (ids, masks, texts)
-resolve_path()    which sampler runs: `generate` through the policy (this file), `generate` through
-                  a merged bf16 copy (merged_rollout.py), or on CPU the shared-prompt decode loop
+resolve_path()    which sampler runs: `generate` through the policy (this file), a merged bf16 copy with
+                  its own decode loop (merged_rollout.py), or on CPU the shared-prompt decode loop
                   of cpu_rollout.py (same distribution, other random draws)
 completion_mask   1 up to and including the first EOS
 """
@@ -56,8 +56,7 @@ def generate(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, 
              top_p=1.0, **extra):
     """G samples per prompt with `model.generate` over B x G copies of the prompts (top_k = 0: the
     untruncated softmax). ids, attn (B, P) -> tokens (B*G, L). No per-step logits are kept (a
-    paper-length completion's would be ~0.8 GB per row). extra: more `generate` arguments
-    (merged_rollout.generate_kwargs)."""
+    paper-length completion's would be ~0.8 GB per row). extra: more `generate` arguments."""
     ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)   # (B*G, P)
     out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
                          top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
@@ -73,7 +72,7 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
 
     prompts: B chat-formatted strings -> Rollout with N = B * G rows, the G completions of prompt b
     in rows b*G ... b*G+G-1. path: see resolve_path; "shared" needs prompts of >= 2 tokens and
-    otherwise uses `generate`; "merged" samples from merged_rollout.merged_sampler (prompts then
+    otherwise uses `generate`; "merged" samples from merged_rollout.sample (prompts then
     left-padded to a multiple of PAD_MULTIPLE). merge_lora: the shared path's merged-LoRA sampling.
     """
     device = next(model.parameters()).device

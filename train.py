@@ -18,6 +18,7 @@ import time
 
 import torch
 
+import merged_rollout
 import step
 from config import UNRECORDED, ConfigError, identity_keys, parse_args, training_records
 from conflicts import ConflictLog, format_token_ids, group_rows
@@ -191,8 +192,11 @@ def train(cfg, dist, stop):
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, records, log)
+    longest = longest_prompt(tok, records, example)     # what the memory plan and the merged sampler size for
     if on_cuda(dist.device):
-        plan_memory(cfg, model, longest_prompt(tok, records, example), dist.device, log, dist.world)
+        plan_memory(cfg, model, longest, dist.device, log, dist.world)
+    if cfg.rollout == "merged":                         # one decode shape for the run: <H>_ini's 8 rows or B x G
+        merged_rollout.reserve(model, max(cfg.batch_size * cfg.generation_size, 8), longest, cfg.max_completion_length)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]

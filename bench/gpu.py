@@ -8,10 +8,12 @@ part's results also go to --gpu_out, one JSON with a key per part:
                 tokens/s per sequence and in all, the weight-streaming bound (sampling weights' bytes
                 / measured bandwidth per decode step), peak memory. Samplers: generate (4-bit,
                 eager), merged (the policy's kept bf16 copy with LoRA merged, refreshed in place,
-                static cache, eager) and merged+compile
-2. step         one step.rl_step at --gpu_step_tokens forced tokens (1,500: the paper's length):
-                seconds per stage and the step; peak memory per stage (torch.cuda.max_memory_allocated)
-                and the card's peak (reserved + managed) beside memory.estimate's
+                through transformers' generate with a static cache, eager) and merged+compile (CUDA),
+                and merged loop (the copy's own decode loop, merged_rollout.Decoder: compiled on CUDA)
+2. step         two step.rl_step at --gpu_step_tokens forced tokens (1,500: the paper's length): the
+                first's seconds, then the second's (no compile in it) per stage and the step; peak memory
+                per stage (torch.cuda.max_memory_allocated) and the card's peak (reserved + managed)
+                beside memory.estimate's
 3. cap40        in a fresh process capped at 40 GB (torch.cuda.set_per_process_memory_fraction), the
                 paper's A100 40GB: the memory plan for a 40 GB budget, then 2 steps at --gpu_step_tokens;
                 whether it ran out of memory, its seconds and peaks
@@ -53,8 +55,10 @@ ALL = ("samplers", "step", "cap40", "trl")
 TOKENS = {"gpu_sample_tokens": (128, 8), "gpu_step_tokens": (1500, 16), "gpu_trl_tokens": (256, 8),
           "gpu_det_tokens": (32, 4)}
 CAP_GB = 40
-SAMPLERS = {"generate": ("generate", {}), "merged": ("merged", {"disable_compile": True}),
-            "merged+compile": ("merged", {})}
+SAMPLERS = {"generate": ("generate", {}),                     # transformers' generate: the policy, then the copy
+            "merged": ("merged", {"cache_implementation": "static", "disable_compile": True}),
+            "merged+compile": ("merged", {"cache_implementation": "static"}),
+            "merged loop": ("loop", {})}                   # merged_rollout.Decoder: compiled on CUDA, eager elsewhere
 
 
 def _gb(clock, stage):
@@ -166,14 +170,17 @@ def sampling(args, cfg, model, tok, prompt, res):
     for name, (path, extra) in SAMPLERS.items():
         if name == "merged+compile" and not args.device.startswith("cuda"):
             continue                                            # transformers compiles on CUDA only
+        if path == "loop":                                      # sized to this part's rows and prompt: one shape
+            merged_rollout.reserve(model, G, enc["input_ids"].shape[1], L)
         calls = []
         for _ in range(2):
             gc.collect()                                        # what earlier calls left is not this one's peak
             clock = PeakClock(args.device)
             with torch.no_grad(), autocast(model):
                 sampler = model if path == "generate" else merged_rollout.merged_sampler(model)
-                kw = {} if path == "generate" else {**merged_rollout.generate_kwargs(args.device), **extra}
-                generate(sampler, enc["input_ids"], enc["attention_mask"], G, L, L, eos, pad, **kw)
+                draw = merged_rollout.decoder(model, sampler, G, enc["input_ids"].shape[1], L) if path == "loop" \
+                    else lambda *a: generate(*a, **extra)
+                draw(sampler, enc["input_ids"], enc["attention_mask"], G, L, L, eos, pad)
             clock("generate")
             calls.append(clock.parts["generate"])
         sec = calls[-1]
@@ -197,10 +204,19 @@ def estimate(cfg, model, tok, prompt, tokens):
 
 
 def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
-    """Part 2: one step at --gpu_step_tokens: seconds per stage, measured vs estimated peak."""
+    """Part 2: two steps at --gpu_step_tokens (after a warm-up of 8 tokens, the merged sampler sized once for the
+    full length): the first's seconds beside the second's, whose sampling no compile is in; seconds per stage
+    and measured vs estimated peak of the second."""
+    import merged_rollout
     est = estimate(cfg, model, tok, prompt, args.gpu_step_tokens)
+    if cfg.rollout == "merged":
+        merged_rollout.reserve(model, cfg.generation_size, len(tok(prompt, add_special_tokens=False)["input_ids"]),
+                               args.gpu_step_tokens)
     one_step(cfg, model, tok, optimizer, params, prompt, answer, 8)                    # warm-up
+    _, first = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
     m, clock = one_step(cfg, model, tok, optimizer, params, prompt, answer, args.gpu_step_tokens)
+    print(f"\n2. first step at full length {sum(first.parts.values()):.1f} s (sampling "
+          f"{first.parts.get('generate', 0):.1f} s); the second, below:")
     total = sum(clock.parts.values())
     from rollout import resolve_path
     print(f"\n2. step: G {cfg.generation_size} x {args.gpu_step_tokens} forced tokens, micro-batches of "
@@ -217,7 +233,8 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
     if card is not None:
         print(f"card: reserved + managed peak {card / 1e9:.2f} GB, estimated {est['card'] / 1e9:.2f} GB "
               f"({card / est['card'] - 1:+.0%})")
-    res["step"] = {"seconds": clock.parts, "total": total, "peaks": clock.peaks, "reserved_plus_managed": clock.reserved,
+    res["step"] = {"first": {"seconds": first.parts, "peaks": first.peaks}, "seconds": clock.parts, "total": total,
+                   "peaks": clock.peaks, "reserved_plus_managed": clock.reserved,
                    "card": card, "estimate": est, "micro_batch_size": cfg.micro_batch_size, "rollout": cfg.rollout,
                    "gradient_checkpointing": cfg.gradient_checkpointing, "tokens": args.gpu_step_tokens}
 

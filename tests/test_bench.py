@@ -24,9 +24,10 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     assert "| forward |" in text and "| backward |" in text and "| optimizer |" in text
     res = json.loads(out.read_text())["gpu"]
     samplers = {k: v for k, v in res["samplers"].items() if k != "meta"}           # meta: shape, device, seconds
-    assert set(samplers) == {"generate", "merged"} and res["samplers"]["meta"]["shape"] == "tiny"
+    assert set(samplers) == {"generate", "merged", "merged loop"} and res["samplers"]["meta"]["shape"] == "tiny"
     assert all(v["seconds"] > 0 and v["first_call_seconds"] > 0 for v in samplers.values())
     assert res["step"]["estimate"]["peak"] > res["step"]["estimate"]["weights"] > 0
+    assert sum(res["step"]["first"]["seconds"].values()) > 0 and res["step"]["total"] > 0      # two full steps
     assert res["determinism"]["differ"] == {}                                   # CPU: bit for bit
     assert "identical: every metric and the weights bit for bit" in text
     assert res["h_ini"]["seconds"] > 0 and res["h_ini"]["estimate"] > 0 and res["h_ini"]["mean"] > 0
@@ -45,7 +46,7 @@ def test_all_gpu_parts_dry_run_on_cpu_with_the_embedded_model(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert list(res) == ["samplers", "step", "cap40", "trl"]
-    assert set(res["samplers"]) == {"generate", "merged", "meta"} and res["samplers"]["merged"]["tokens_per_s_per_sequence"] > 0
+    assert set(res["samplers"]) == {"generate", "merged", "merged loop", "meta"} and res["samplers"]["merged"]["tokens_per_s_per_sequence"] > 0
     assert res["step"]["tokens"] == 16 and res["step"]["total"] > 0 and res["step"]["estimate"]["card"] > 0
     assert res["cap40"]["out_of_memory"] is False and len(res["cap40"]["steps"]) == 2 and res["cap40"]["budget_gb"] == 40
     assert res["trl"]["grpo_trainer_s"] > 0 and res["trl"]["ours_s"] > 0 and res["trl"]["trl_step_ends"] == 3

@@ -80,6 +80,11 @@ def test_rollout_through_the_merged_copy(tiny_model_dir):
     assert len(ro.texts) == 6 and model.training is False
 
 
+def _compiled(device):
+    """The decode step compiled as on CUDA, with dynamo's eager backend (no compiler needed on CPU)."""
+    return dict(backend="eager", fullgraph=True)
+
+
 def _live_models():
     from transformers import PreTrainedModel
     import gc
@@ -92,12 +97,8 @@ def test_the_merged_copy_is_kept_and_refreshed_in_place_with_compile_on(tiny_mod
     live models stays the same from step to step (no copy outlives its step), the copy's weights keep
     their addresses, and after the adapters change it computes what the policy computes."""
     import gc
-    from transformers import CompileConfig
     model, tok = _policy(tiny_model_dir)
-    config = CompileConfig(backend="eager")
-    config._compile_all_devices = True                                     # as on CUDA, eager backend
-    compiled = {"cache_implementation": "static", "disable_compile": False, "compile_config": config}
-    monkeypatch.setattr(merged_rollout, "generate_kwargs", lambda device: compiled)
+    monkeypatch.setattr(merged_rollout, "compile_options", _compiled)                 # as on CUDA, eager backend
     gc.collect()
     gc.disable()                        # only reference counting frees: what a step of a run relies on
     try:
@@ -154,11 +155,7 @@ def test_a_run_through_the_auto_choice_equals_a_forced_merged_run(tiny_args, tmp
     --rollout merged logs."""
     import json
     import train
-    from transformers import CompileConfig
-    config = CompileConfig(backend="eager")
-    config._compile_all_devices = True
-    compiled = {"cache_implementation": "static", "disable_compile": False, "compile_config": config}
-    monkeypatch.setattr(merged_rollout, "generate_kwargs", lambda device: compiled)
+    monkeypatch.setattr(merged_rollout, "compile_options", _compiled)
     monkeypatch.setattr(train, "on_cuda", lambda device: True)
     rows = {}
     for path in ("auto", "merged"):
@@ -212,3 +209,89 @@ def test_out_of_memory_in_the_merged_copy_falls_back_to_generate_for_the_rest_of
     assert model not in merged_rollout._SAMPLERS
     rollout(model, tok, ["a prompt"], 2, 4, path="merged")
     assert len(calls) == 1 and capsys.readouterr().out == ""
+
+
+def _prompts(tok):
+    enc = tok(["a prompt", "a longer prompt than that one"], return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def test_the_decode_loop_draws_the_tokens_generate_draws_greedily(tiny_model_dir):
+    """merged_rollout.Decoder with temperature 0 on the merged copy equals transformers' greedy `generate` on the
+    same copy token for token, also with its prompts padded further and rows added (the run's fixed shape)."""
+    from rollout import eos_ids
+    model, tok = _policy(tiny_model_dir)
+    plain = merged_rollout.merged_sampler(model)
+    ids, attn = _prompts(tok)
+    eos, pad = eos_ids(model, tok), tok.pad_token_id
+    want = plain.generate(input_ids=ids.repeat_interleave(3, 0), attention_mask=attn.repeat_interleave(3, 0),
+                          do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=pad,
+                          cache_implementation="static")[:, ids.shape[1]:]                       # (6, 20)
+    for rows, prompt_len in ((6, ids.shape[1]), (8, ids.shape[1] + 9)):
+        got = merged_rollout.Decoder(plain, rows, prompt_len, 24, None)(plain, ids, attn, 3, 20, 0, eos, pad,
+                                                                          temperature=0.0)
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_the_decode_step_compiles_once_in_a_run(tiny_model_dir, monkeypatch, capsys):
+    """Compile forced as on CUDA (eager backend): sized once to the run's longest prompt and most rows
+    (merged_rollout.reserve), rollouts whose prompts fall in both 64-token buckets, with fewer rows last,
+    compile the decode step exactly once, and one line says so."""
+    from torch._dynamo.utils import counters
+    monkeypatch.setattr(merged_rollout, "compile_options", _compiled)
+    model, tok = _policy(tiny_model_dir)
+    merged_rollout.reserve(model, 6, 90, 8)
+    before = counters["stats"]["unique_graphs"]
+    widths = []
+    for prompts, g in ((["a prompt", "b"], 3), (["word " * 70, "c"], 3), (["another prompt"], 2)):
+        ro = rollout(model, tok, prompts, g, 8, path="merged")
+        widths.append(ro.prompt_ids.shape[1])
+        assert ro.completion_ids.shape[0] == len(prompts) * g
+    assert widths == [64, 128, 64] and counters["stats"]["unique_graphs"] - before == 1
+    assert merged_rollout._DECODERS[model].compiles == 1
+    assert capsys.readouterr().out.count("sampler: the decode step compiled (1 in this run)") == 1
+
+
+@pytest.mark.slow
+def test_the_decode_loop_samples_what_generate_samples(tiny_model_dir):
+    """Temperature 1 and top-p 0.9 on a copy whose LM head is scaled up (a peaked distribution): over 2,000
+    rows the first token's frequencies match transformers' `generate` on the same copy and the exact
+    nucleus probabilities within 5 binomial standard errors, and the mean per-token log-prob of 6 drawn tokens
+    under the policy matches generate's draws within 5 standard errors."""
+    from rollout import eos_ids
+    model, tok = _policy(tiny_model_dir)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(80.0)                  # shared by the copy: both see it
+    plain = merged_rollout.merged_sampler(model)
+    ids, attn = _prompts(tok)
+    ids, attn = ids[:1, -2:], attn[:1, -2:]                               # one prompt, no padding
+    eos, pad, n = eos_ids(model, tok), tok.pad_token_id, 2000
+    torch.manual_seed(0)
+    ours = merged_rollout.Decoder(plain, n, ids.shape[1], 6, None)(plain, ids, attn, n, 6, 6, eos, pad, 1.0, 0.9)
+    torch.manual_seed(1)
+    theirs = plain.generate(input_ids=ids.repeat(n, 1), attention_mask=attn.repeat(n, 1), do_sample=True,
+                            temperature=1.0, top_p=0.9, top_k=0, max_new_tokens=6, min_new_tokens=6, eos_token_id=eos,
+                            pad_token_id=pad, cache_implementation="static")[:, ids.shape[1]:]
+    with torch.no_grad():
+        logits = plain(input_ids=ids).logits[0, -1].float()
+    ascending, order = logits.sort()
+    drop = ascending.softmax(-1).cumsum(-1) <= 0.1
+    drop[-1] = False
+    p = logits.masked_fill(drop.scatter(0, order, drop), float("-inf")).softmax(-1)     # the nucleus, exact
+    top = p.topk(5).indices
+    assert p[top].sum() > 0.4                                             # peaked enough to test
+    for t in top:
+        se = (p[t] * (1 - p[t]) / n).sqrt()
+        f_ours, f_theirs = (ours[:, 0] == t).float().mean(), (theirs[:, 0] == t).float().mean()
+        assert abs(f_ours - p[t]) < 5 * se and abs(f_theirs - p[t]) < 5 * se, (t, f_ours, f_theirs, p[t])
+
+    def logprobs(comp):                                                   # (n,) mean over 6 tokens, the policy's
+        out = []
+        for rows in comp.split(250):
+            with torch.no_grad():
+                lp = model(input_ids=torch.cat([ids.repeat(len(rows), 1), rows], 1)).logits[:, ids.shape[1] - 1:-1]
+            out.append(lp.float().log_softmax(-1).gather(-1, rows[..., None]).squeeze(-1).mean(1))
+        return torch.cat(out)
+    a, b = logprobs(ours), logprobs(theirs)
+    se = ((a.var() + b.var()) / n).sqrt()
+    assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
