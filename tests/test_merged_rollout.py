@@ -237,7 +237,9 @@ def test_the_decode_step_compiles_once_in_a_run(tiny_model_dir, monkeypatch, cap
     """Compile forced as on CUDA (eager backend): sized once to the run's longest prompt and most rows
     (merged_rollout.reserve), rollouts whose prompts fall in both 64-token buckets, with fewer rows last,
     compile the decode step exactly once, and one line says so."""
+    import torch._dynamo
     from torch._dynamo.utils import counters
+    torch._dynamo.reset()                              # what earlier tests compiled would be found in its cache
     monkeypatch.setattr(merged_rollout, "compile_options", _compiled)
     model, tok = _policy(tiny_model_dir)
     merged_rollout.reserve(model, 6, 90, 8)
