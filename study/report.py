@@ -232,16 +232,17 @@ def question_lines(rows):
 # the parts' sections: each gives [(summary.json key, heading, verdict or rule, lines)]
 
 def per_seed_lines(p):
-    """A row per seed and run (CELLS[p.cells] after seed and label), then the part's verdicts: in the heading
-    when it has one test, else a line each below the table."""
+    """A row per seed and run (CELLS[p.cells] after seed and label) on the seeds the part has trained a run of,
+    the runs it reads from other parts beside its own; then the part's verdicts: in the heading when it has one
+    test, else a line each below the table."""
     head, cells = CELLS[p.cells]
     lines = list(head)
     for s in sorted({s for a in p.arm_list() if a.flags for s in a.seeds}):
-        for a in (a for a in p.arm_list() if a.start or not a.flags):
-            owner = arm(a.name, p)
-            d = load(owner.run_id(s), p.base) if s in owner.seeds else None
-            if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW:
-                lines.append(f"| {s} | {a.label} | {cells(d)}")
+        rows = [(a, d) for a in p.arm_list() if a.start or not a.flags for owner in [arm(a.name, p)]
+                for d in [load(owner.run_id(s), p.base) if s in owner.seeds else None]
+                if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW]
+        if any(a.flags for a, _ in rows):                  # a seed this part has trained a run of
+            lines += [f"| {s} | {a.label} | {cells(d)}" for a, d in rows]
     rows = test_rows(p, p.tests)
     if len(p.tests) == 1:
         return [(p.key, p.title, sentence(p.tests[0], rows[0]), lines)]
