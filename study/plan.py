@@ -249,7 +249,7 @@ PARTS = [
          figures=[("curves-q7.png", "plot_curves", dict(names=["q7-gtpo", "q7-grpo"], smooth=10,
                                                         title="Q7: the default objective against GRPO, 200 steps"))]),
     Part("q8", "Q8: which part of GTPO helps where the model learns?", cost="Q8", order="seed",
-         section="per_seed_lines", cells="q7_cells", arms=q8_arms,
+         section="q8_lines", cells="q7_cells", arms=q8_arms,
          tests=[Test("Q8", "released − GRPO", vs("q7-released", "q7-grpo"), "id",
                    test="sign-flip one-sided", holm="primary", names=("released", "GRPO")),
                 Test("Q8", "γ = 0 − GRPO", vs("q8-nogamma", "q7-grpo"), "id",
