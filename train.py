@@ -111,6 +111,18 @@ def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
         f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
 
 
+def plan_sampling(cfg, model, tok, records, example, dist, log):
+    """On CUDA the memory plan (the sampler, checkpointing, micro-batch); with the merged sampler its decode loop
+    sized once for the run: the longest prompt, and <H>_ini's 8 rows or B x G (one compiled shape)."""
+    if not (on_cuda(dist.device) or cfg.rollout == "merged"):
+        return
+    longest = longest_prompt(tok, records, example)
+    if on_cuda(dist.device):
+        plan_memory(cfg, model, longest, dist.device, log, dist.world)
+    if cfg.rollout == "merged":
+        merged_rollout.reserve(model, max(cfg.batch_size * cfg.generation_size, 8), longest, cfg.max_completion_length)
+
+
 def make_optimizer(cfg, params, total_steps, log=print):
     """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW; linear warm-up, then cosine
     decay (Listing 1) or a constant rate."""
@@ -192,11 +204,7 @@ def train(cfg, dist, stop):
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
     model, tok = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, records, log)
-    longest = longest_prompt(tok, records, example)     # what the memory plan and the merged sampler size for
-    if on_cuda(dist.device):
-        plan_memory(cfg, model, longest, dist.device, log, dist.world)
-    if cfg.rollout == "merged":                         # one decode shape for the run: <H>_ini's 8 rows or B x G
-        merged_rollout.reserve(model, max(cfg.batch_size * cfg.generation_size, 8), longest, cfg.max_completion_length)
+    plan_sampling(cfg, model, tok, records, example, dist, log)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]

@@ -231,19 +231,19 @@ def question_lines(rows):
 # -----------------------------------------------------------------------------
 # the parts' sections: each gives [(summary.json key, heading, verdict or rule, lines)]
 
-def per_seed_lines(p):
+def per_seed_lines(p, rows=None):
     """A row per seed and run (CELLS[p.cells] after seed and label) on the seeds the part has trained a run of,
     the runs it reads from other parts beside its own; then the part's verdicts: in the heading when it has one
     test, else a line each below the table."""
     head, cells = CELLS[p.cells]
     lines = list(head)
     for s in sorted({s for a in p.arm_list() if a.flags for s in a.seeds}):
-        rows = [(a, d) for a in p.arm_list() if a.start or not a.flags for owner in [arm(a.name, p)]
-                for d in [load(owner.run_id(s), p.base) if s in owner.seeds else None]
-                if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW]
-        if any(a.flags for a, _ in rows):                  # a seed this part has trained a run of
-            lines += [f"| {s} | {a.label} | {cells(d)}" for a, d in rows]
-    rows = test_rows(p, p.tests)
+        found = [(a, d) for a in p.arm_list() if a.start or not a.flags for owner in [arm(a.name, p)]
+                 for d in [load(owner.run_id(s), p.base) if s in owner.seeds else None]
+                 if d is not None and len(d["rl"]) >= COLLAPSE_WINDOW]
+        if any(a.flags for a, _ in found):                 # a seed this part has trained a run of
+            lines += [f"| {s} | {a.label} | {cells(d)}" for a, d in found]
+    rows = rows or test_rows(p, p.tests)
     if len(p.tests) == 1:
         return [(p.key, p.title, sentence(p.tests[0], rows[0]), lines)]
     rule = "; ".join(f"{t.claim}: {r.get('verdict', 'not run') if r['units'] == r['expected'] else 'not finished'}"
@@ -253,16 +253,17 @@ def per_seed_lines(p):
 
 def q8_lines(p):
     """Q8's table and verdicts (per_seed_lines), and the declared rule's choice of the default entropy term."""
-    (key, title, rule, lines), = per_seed_lines(p)
-    term, why = default_term(p)
+    rows = test_rows(p, p.tests)
+    (key, title, rule, lines), = per_seed_lines(p, rows)
+    term, why = default_term(p, rows)
     return [(key, title, rule, lines + ["", f"Default entropy term by part 7's rule: `{term}` ({why})"])]
 
 
-def default_term(p):
+def default_term(p, rows=None):
     """docs/study.md part 7: `released` if released - Eq. 7 is positive with two-sided p <= 0.05 and released is
     not contradicted against GRPO; else `eq7` -> (term, why). Until every test has all its seeds: eq7, not
     decided."""
-    rows = {t.claim: r for t, r in zip(p.tests, test_rows(p, p.tests))}
+    rows = {t.claim: r for t, r in zip(p.tests, rows or test_rows(p, p.tests))}
     vs_eq7, vs_grpo = rows["released − Eq. 7"], rows["released − GRPO"]
     if any(r["units"] < r["expected"] for r in rows.values()) or not vs_eq7["units"]:
         return "eq7", "not decided: the runs are not all evaluated"
