@@ -314,22 +314,30 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
 def pick_sampler(args, model, tok, records, example, device, log=print):
     """--rollout auto on CUDA: the kept merged copy (merged_rollout.py) when sampling with it held fits the
     device (memory.sampling_card at this evaluation's rows and longest prompt), else `generate`;
-    elsewhere rollout.py's own auto. Said in one line."""
-    if args.rollout != "auto" or torch.device(device).type != "cuda":
+    elsewhere rollout.py's own auto. Said in one line. With the merged copy, its decode loop is sized once
+    for the most rows of a call and the longest prompt: one compiled shape for the whole evaluation."""
+    cuda_auto = args.rollout == "auto" and torch.device(device).type == "cuda"
+    if not (cuda_auto or args.rollout == "merged"):
         return args.rollout
-    import memory
-    peft = getattr(model, "peft_config", {}).get("default")
-    s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
-                        dtype_bytes=model.get_input_embeddings().weight.element_size(),
-                        batch_size=max(1, args.batch_size // args.n_samples),
-                        generation_size=min(args.n_samples, args.batch_size),
-                        prompt_tokens=longest_prompt(tok, records, example),
-                        completion_tokens=args.max_completion_length, sampler="merged")
-    need = memory.sampling_card(model.config, s)
-    have = memory.HEADROOM * torch.cuda.get_device_properties(device).total_memory
-    sampler = "merged" if need <= have else "generate"
-    log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
-        f"{have / 1e9:.1f}, {memory.HEADROOM:.0%} of the card)")
+    longest = longest_prompt(tok, records, example)
+    rows = min(max(1, args.batch_size // args.n_samples), len(records)) * min(args.n_samples, args.batch_size)
+    sampler = args.rollout
+    if cuda_auto:
+        import memory
+        peft = getattr(model, "peft_config", {}).get("default")
+        s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
+                            dtype_bytes=model.get_input_embeddings().weight.element_size(),
+                            batch_size=max(1, args.batch_size // args.n_samples),
+                            generation_size=min(args.n_samples, args.batch_size), prompt_tokens=longest,
+                            completion_tokens=args.max_completion_length, sampler="merged")
+        need = memory.sampling_card(model.config, s)
+        have = memory.HEADROOM * torch.cuda.get_device_properties(device).total_memory
+        sampler = "merged" if need <= have else "generate"
+        log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
+            f"{have / 1e9:.1f}, {memory.HEADROOM:.0%} of the card)")
+    if sampler == "merged":
+        import merged_rollout
+        merged_rollout.reserve(model, rows, longest, args.max_completion_length)
     return sampler
 
 

@@ -171,20 +171,27 @@ def test_a_run_through_the_auto_choice_equals_a_forced_merged_run(tiny_args, tmp
 
 def test_eval_samples_through_the_same_choice_on_cuda(tiny_model_dir, monkeypatch):
     """eval.py --rollout auto: on CUDA the merged copy when sampling with it held fits the device (its total
-    memory, queried), else generate; on CPU rollout.py's own auto, unchanged."""
+    memory, queried), else generate; on CPU rollout.py's own auto, unchanged. With the merged copy the decode
+    loop is sized once: a call's most rows (here one problem's 8 samples) and the longest prompt."""
     import types
     import eval as ev
+    from data import longest_prompt
     model, tok = _policy(tiny_model_dir)
-    records = [{"question": "What is 2 + 3?", "answer": "5"}]
-    args = ev.parse_args(["--n_samples", "8", "--max_completion_length", "64"])
-    said = []
+    records = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 12 + 30 + 7?", "answer": "49"}]
+    args = ev.parse_args(["--n_samples", "8", "--batch_size", "8", "--max_completion_length", "64"])
+    said, sized = [], []
+    monkeypatch.setattr(merged_rollout, "reserve", lambda *a: sized.append(a))
     for total, want in ((80e9, "merged"), (1e8, "generate")):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, t=total: types.SimpleNamespace(total_memory=t))
         assert ev.pick_sampler(args, model, tok, records, None, "cuda", said.append) == want
         assert said[-1].startswith(f"sampler: {want} (--rollout auto: ")
+    assert sized == [(model, 8, longest_prompt(tok, records), 64)]
     assert ev.pick_sampler(args, model, tok, records, None, "cpu", said.append) == "auto" and len(said) == 2
     forced = ev.parse_args(["--rollout", "generate"])
     assert ev.pick_sampler(forced, model, tok, records, None, "cuda", said.append) == "generate"
+    forced = ev.parse_args(["--rollout", "merged", "--n_samples", "2", "--batch_size", "8"])
+    assert ev.pick_sampler(forced, model, tok, records, None, "cpu", said.append) == "merged" and len(said) == 2
+    assert sized[-1][1] == 4                            # both problems' 2 samples in one call
 
 
 def test_out_of_memory_in_the_merged_copy_falls_back_to_generate_for_the_rest_of_the_run(tiny_model_dir, monkeypatch,
