@@ -9,8 +9,9 @@ up to it; `kl` / `kl<N>`, the KL to the start at every checkpoint / at step N (e
 count is kept.
 
 Resumable at every level, any number of times: finished steps are skipped, an interrupted training continues
-from its last checkpoint (train.py --resume), an interrupted evaluation from its last whole problem (eval.py
---resume). Ctrl-C (or SIGTERM) lets the running step finish and save. From the repository root:
+from its last checkpoint (train.py --resume) on the host that began it, an interrupted evaluation from its last
+whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save. From the repository
+root:
 
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
     python -m study.run --threads 1 --only q7-released,q8- --seeds 1 &         # one part, one worker per seed
@@ -138,8 +139,10 @@ def train(run_id, flags, seed, start, shard, threads):
         if start:
             argv += ["--init_from", wait_for(os.path.join(WORK, start, "final"))]
         if os.path.isfile(os.path.join(out, "config.json")):
+            check_same_host(run_id, out)
             argv.append("--resume")
         os.makedirs(out, exist_ok=True)
+        runs.write_text(os.path.join(out, "host.txt"), host())
         lock = os.path.join(out, "training.pid")
         runs.write_text(lock, str(os.getpid()))
         try:
@@ -310,6 +313,16 @@ def finished(run_id, evals):
     if os.path.isfile(os.path.join(d, "diverged.json")):
         return os.path.isfile(os.path.join(d, "metrics.jsonl"))
     return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in evals)))
+
+
+def check_same_host(run_id, out):
+    """An interrupted training resumes only on the host that began it (runs/study/<run>/host.txt): elsewhere its
+    later steps would take other numerics than its earlier ones, and no committed file would show the seam."""
+    path = os.path.join(out, "host.txt")
+    began = open(path).read() if os.path.isfile(path) else None
+    if began is not None and began != host():
+        raise SystemExit(f"{run_id} was interrupted on another host ({began}); this one is {host()}. Resume it "
+                         f"there, or remove runs/study/{run_id}/ to train it from the start here")
 
 
 def adapter_fingerprint(folder):

@@ -553,6 +553,30 @@ def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp
     assert study.host().count(";") == 1 and "torch 2." in study.host() and "family" in study.host()
 
 
+def test_an_interrupted_training_resumes_only_on_the_host_that_began_it(tmp_path, monkeypatch):
+    """A run stopped part-way has no committed metrics or fingerprint to compare, so its folder keeps the host
+    that began it (host.txt): another host stops before resuming; the same one resumes (--resume)."""
+    committed_in(tmp_path / "keep", monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(study, "wait_for", lambda path: path)
+    out = tmp_path / "work" / "q8-nogamma-s4"
+    calls = []
+    monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a[2]))        # stopped: no final/
+    monkeypatch.setattr(study, "host", lambda: "AMD EPYC family 25 model 17; torch 2.13.0")
+    study.train("q8-nogamma-s4", ["--ent_gamma", "0"], 4, "warmup-q8-s4", (0, 2), 1)
+    assert (out / "host.txt").read_text() == "AMD EPYC family 25 model 17; torch 2.13.0"
+    assert "--resume" not in calls[0]
+    (out / "config.json").write_text("{}")                                      # train.py began it
+    monkeypatch.setattr(study, "host", lambda: "Intel Xeon family 6 model 143; torch 2.13.0")
+    with pytest.raises(SystemExit, match=r"interrupted on another host \(AMD EPYC family 25"):
+        study.train("q8-nogamma-s4", ["--ent_gamma", "0"], 4, "warmup-q8-s4", (0, 2), 1)
+    assert len(calls) == 1
+    monkeypatch.setattr(study, "host", lambda: "AMD EPYC family 25 model 17; torch 2.13.0")
+    monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a[2]) or (out / "final").mkdir())
+    study.train("q8-nogamma-s4", ["--ent_gamma", "0"], 4, "warmup-q8-s4", (0, 2), 1)
+    assert calls[1][-1] == "--resume"
+
+
 def test_q8_verdicts_holm_and_the_default_term_rule_on_hand_made_runs(tmp_path, monkeypatch):
     """docs/study.md part 7: the two primary one-sided tests are Holm-adjusted together; the default becomes
     `released` only if released − Eq. 7 is positive with two-sided p <= 0.05 and released is not contradicted
