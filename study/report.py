@@ -438,6 +438,11 @@ def zero_gradient_steps(d):
     return sum(r.get("grad_norm") == 0 for r in d["rl"])
 
 
+def flat_reward_steps(d):
+    """RL steps whose group rewards were all equal (reward_std == 0): no advantage, only the entropy term acts."""
+    return sum(r.get("reward_std") == 0 for r in d["rl"])
+
+
 def q6_cells(d):
     """A Q6 run's cells: collapse step, zero-gradient steps, share filtered, the curves, KL, ID pass@1 final."""
     step = collapse_step(d["rl"], d.get("diverged.json"))
@@ -449,8 +454,8 @@ def q6_cells(d):
 
 def q7_cells(d):
     """A Q7 run's table cells: ID pass@1 final with its formatting share and mean length, best checkpoint,
-    OOD, training formatting and accuracy (first 10 -> last 10 RL steps), entropy, zero-gradient steps,
-    share filtered, KL at step 200, host."""
+    OOD, training formatting and accuracy (first 10 -> last 10 RL steps), entropy, steps with no reward spread,
+    zero-gradient steps, share filtered, KL at step 200, host."""
     w, rows, ev = COLLAPSE_WINDOW, d["rl"], d["evals"]
     first, last = rows[:w], rows[-w:]
     ent = trailing([r["entropy"] for r in rows], w)
@@ -467,7 +472,7 @@ def q7_cells(d):
         f"{ev['ood']['pass@k']['1']:.3f} | " if "ood" in ev else "– | ") + (
         f"{pct(first, 'rewards/format'):.0f} → {pct(last, 'rewards/format'):.0f} | "
         f"{pct(first, 'rewards/accuracy'):.1f} → {pct(last, 'rewards/accuracy'):.1f} | "
-        f"{ent[w - 1]:.2f} → {min(ent):.2f} → {ent[-1]:.2f} | {zero_gradient_steps(d)} | "
+        f"{ent[w - 1]:.2f} → {min(ent):.2f} → {ent[-1]:.2f} | {flat_reward_steps(d)} | {zero_gradient_steps(d)} | "
         f"{100 * statistics.fmean(r.get('gtpo/filtered_frac', 0.0) for r in rows):.1f} | "
         f"{'–' if kl200 is None else f'{kl200:.3f}'} | {'; '.join(host)} |")
 
@@ -478,8 +483,8 @@ CELLS = {  # a per-seed table's header and cells function, by plan.Part.cells
                   "last checkpoint | ID pass@1 final |", "|---|---|---|---|---|---|---|---|---|---|"], q6_cells),
     "q7_cells": (["| seed | method | ID pass@1 final | ID format % | ID length | ID pass@1 best (step) | OOD pass@1 | "
                   "train format % (first 10 → last 10) | train accuracy % (first 10 → last 10) | entropy (trailing 10): "
-                  "first → min → last | zero-gradient steps | filtered % | KL to the warm-up, step 200 | host |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"], q7_cells)}
+                  "first → min → last | steps with no reward spread | zero-gradient steps | filtered % | KL to the "
+                  "warm-up, step 200 | host |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"], q7_cells)}
 
 
 # -----------------------------------------------------------------------------

@@ -379,13 +379,13 @@ def test_one_sided_sign_flip_hand_values():
 
 
 def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
-    """Q7's table gives each run's ID pass@1 beside its formatting share, best checkpoint, OOD, curves,
-    zero-gradient steps and KL at step 200; the verdict waits for all 8 seeds' ID evaluations, then is
+    """Q7's table gives each run's ID pass@1 beside its formatting share, best checkpoint, OOD, curves, steps
+    with no reward spread, zero-gradient steps and KL at step 200; the verdict waits for all 8 seeds' ID evaluations, then is
     the one-sided sign-flip rule; the cost counts Q7's runs and warm-ups only."""
     committed_in(tmp_path, monkeypatch)
     rows = [{"step": k, "phase": "rl", "rewards/format": 9.0 + (k > 190), "rewards/accuracy": 1.0 + 3 * (k > 190),
-             "entropy": 0.5 - k / 1000, "grad_norm": 0.0 if k in (3, 4) else 0.1, "gtpo/filtered_frac": 0.25}
-            for k in range(1, 201)]
+             "entropy": 0.5 - k / 1000, "grad_norm": 0.0 if k in (3, 4) else 0.1, "gtpo/filtered_frac": 0.25,
+             "reward_std": 0.0 if k in (3, 4, 5) else 0.3} for k in range(1, 201)]
     ev = lambda p1: ("id", {"pass@k": {"1": p1}, "format_rate": 0.99, "mean_length": 52.4})   # noqa: E731
     for s in plan.Q7_SEEDS:
         grpo, gtpo = (plan.arm(name).run_id(s) for name in ("q7-grpo", "q7-gtpo"))
@@ -399,7 +399,7 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
             (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
             assert rule == "not finished (1 of 8 seeds have both runs)"
             assert "| 1 | GTPO, Eq. 7 (default) | 0.450 | 99 | 52 | – | 0.200 | 90 → 100 | 10.0 → 40.0 | " \
-                   "0.49 → 0.30 → 0.30 | 2 | 25.0 | 0.321 | – |" in "\n".join(lines)
+                   "0.49 → 0.30 → 0.30 | 3 | 2 | 25.0 | 0.321 | – |" in "\n".join(lines)
     (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
     diffs = [0.05] * 7 + [-0.10]
     p = sum(sum(d if m >> i & 1 else -d for i, d in enumerate(diffs)) >= sum(diffs) - 1e-12 for m in range(256)) / 256
