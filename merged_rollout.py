@@ -19,6 +19,7 @@ Decoder, reserve(...)  the decode loop, sized once to the run's most rows and lo
 sample(...)            G completions per prompt through the copy; on out-of-memory the copy is freed and this
                        rollout and every later one of the policy go through `generate` instead
 PAD_MULTIPLE           prompts are left-padded to a multiple of this (the loop's prompt width rounds to it)
+grouped_sdpa           the copy's attention: SDPA with one query token's heads grouped onto their K/V head
 """
 import copy
 import gc
@@ -29,6 +30,7 @@ import torch
 from cpu_rollout import lora_factors
 
 PAD_MULTIPLE = 64
+ATTENTION = "gtpo_grouped_sdpa"     # the copy's attention implementation (grouped_sdpa), as transformers knows it
 
 
 def dense_weight(layer, dtype):
@@ -86,7 +88,35 @@ def merged_copy(model, dtype=None):
     if missing:
         raise RuntimeError(f"merged copy: no weights for {missing[:3]}")
     plain.generation_config = base.generation_config
+    if plain.config._attn_implementation == "sdpa":
+        group_query_heads(plain)
     return plain.eval()
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+    """transformers' SDPA attention, but one query token's heads grouped onto their K/V head under torch.compile
+    too: q (B, H, 1, D) -> (B, H_kv, H / H_kv, D) against K, V (B, H_kv, L, D) as they are. transformers does the
+    same in eager mode; compiled with a mask (the decode step always passes one) it repeats K and V to H heads
+    over the whole static cache at every token instead, H / H_kv times the cache's bytes read and written."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or (attention_mask is not None and attention_mask.shape[1] != 1):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kw)
+    B, H, _, D = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(B, H // groups, groups, D), key, value, attn_mask=attention_mask, dropout_p=dropout,
+        scale=scaling)                                                              # (B, H_kv, groups, D)
+    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None              # (B, 1, H, D)
+
+
+def group_query_heads(plain, name=ATTENTION):
+    """The copy attends with grouped_sdpa (registered with transformers under `name`, SDPA's masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(name, grouped_sdpa)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    plain.set_attn_implementation(name)
 
 
 _SAMPLERS = weakref.WeakKeyDictionary()         # policy -> its merged copy (gone with the policy)

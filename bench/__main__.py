@@ -574,7 +574,7 @@ def main():
                    "the estimate adds the CUDA context and the allocator's slack itself)")
     p.add_argument("--memory_batch_size", type=int, default=1, help="memory part: prompts per step (the authors' command: 2)")
     p.add_argument("--gpu_shape", default="llama-8b", help="gpu part: llama-8b, qwen2.5-3b, llama-1b (random weights), tiny (a CPU dry run), or a model alias / folder")
-    p.add_argument("--gpu_parts", default="all", help="gpu part: all (samplers,step,cap40,trl) or a comma-separated subset of samplers,step,cap40,trl,determinism,h_ini")
+    p.add_argument("--gpu_parts", default="all", help="gpu part: all (samplers,step,cap40,trl) or a comma-separated subset of samplers,step,cap40,trl,determinism,h_ini,gqa")
     p.add_argument("--gpu_sample_tokens", type=int, default=None, help="gpu part: forced tokens per sampler [default: 128 on CUDA, 8 on CPU]")
     p.add_argument("--gpu_step_tokens", type=int, default=None, help="gpu part: forced tokens of the paper step and cap40's [default: 1500 on CUDA, 16 on CPU]")
     p.add_argument("--gpu_trl_tokens", type=int, default=None, help="gpu part: forced tokens of the TRL comparison [default: 256 on CUDA, 8 on CPU]")

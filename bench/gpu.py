@@ -26,6 +26,9 @@ part's results also go to --gpu_out, one JSON with a key per part:
                 kernel stops it and is named)
 6. h_ini        train.py's <H>_ini pass before step 1 at --gpu_step_tokens forced tokens: seconds,
                 peak memory beside memory.estimate's
+7. gqa          the merged decode loop at --gpu_step_tokens forced tokens as samplers times it: its attention
+                (merged_rollout.grouped_sdpa, query heads grouped onto their K/V heads) against transformers'
+                SDPA, which compiled repeats K and V to every query head over the whole static cache
 --device cpu runs the same code with G = 4 and a few tokens per part (token flags left unset): --gpu_shape tiny,
 a 2-layer model, in seconds; --gpu_shape smollm2-135m (or any model alias or folder), that model's own
 weights, the dry run of --gpu_parts all.
@@ -44,12 +47,13 @@ import time
 import torch
 
 import memory
+import merged_rollout
 import step as steps
 from models import autocast
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
-PARTS = ("samplers", "step", "cap40", "trl", "determinism", "h_ini")
+PARTS = ("samplers", "step", "cap40", "trl", "determinism", "h_ini", "gqa")
 ALL = ("samplers", "step", "cap40", "trl")
 # forced tokens per part when not given: (CUDA, CPU dry run)
 TOKENS = {"gpu_sample_tokens": (128, 8), "gpu_step_tokens": (1500, 16), "gpu_trl_tokens": (256, 8),
@@ -59,6 +63,8 @@ SAMPLERS = {"generate": ("generate", {}),                     # transformers' ge
             "merged": ("merged", {"cache_implementation": "static", "disable_compile": True}),
             "merged+compile": ("merged", {"cache_implementation": "static"}),
             "merged loop": ("loop", {})}                   # merged_rollout.Decoder: compiled on CUDA, eager elsewhere
+GQA = {"merged loop": ("loop", {"attention": merged_rollout.ATTENTION}),   # the copy's: grouped_sdpa
+       "merged loop, K/V repeated": ("loop", {"attention": "sdpa"})}      # transformers' SDPA
 
 
 def _gb(clock, stage):
@@ -146,30 +152,33 @@ def one_step(cfg, model, tok, optimizer, params, prompt, answer, tokens):
     return m, clock
 
 
-def sampling(args, cfg, model, tok, prompt, res):
+def sampling(args, cfg, model, tok, prompt, res, part="samplers", samplers=SAMPLERS, tokens=None):
     """Part 1 (samplers): each sampler's seconds, tokens/s and peak for G rows of --gpu_sample_tokens forced
     tokens, each called twice and the second call timed: for the merged samplers that is the policy's
     one kept copy refreshed in place and sampled from (merged_rollout.merged_sampler), what a training
-    step pays; the first call builds it (and compiles)."""
+    step pays; the first call builds it (and compiles). Part 7 (gqa): the same for GQA's samplers at
+    `tokens`, a new decode loop for each attention."""
     import gc
-    import merged_rollout
     from bench.common import memory_bandwidth
     from rollout import eos_ids, generate
-    L, G = args.gpu_sample_tokens, cfg.generation_size
+    L, G = tokens or args.gpu_sample_tokens, cfg.generation_size
     bandwidth = memory_bandwidth(args.device)
     enc = tok([prompt], return_tensors="pt", add_special_tokens=False,
               pad_to_multiple_of=merged_rollout.PAD_MULTIPLE).to(args.device)
     eos, pad = eos_ids(model, tok), tok.pad_token_id
-    print(f"\n1. samplers: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} tokens; "
-          f"bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(f"\n{PARTS.index(part) + 1}. {part}: G {G} x {L} forced tokens, prompt {enc['input_ids'].shape[1]} "
+          f"tokens; bandwidth {bandwidth / 1e9:.0f} GB/s")
     print("| sampler | first call s | seconds | tok/s per sequence | tok/s in all | bound tok/s per sequence | "
           "of bound | peak GB |")
     print("|---|---|---|---|---|---|---|---|")
-    res["samplers"] = {}
+    res[part] = {}
     model.eval()
-    for name, (path, extra) in SAMPLERS.items():
+    for name, (path, extra) in samplers.items():
         if name == "merged+compile" and not args.device.startswith("cuda"):
             continue                                            # transformers compiles on CUDA only
+        if "attention" in extra:                                # a new loop for the copy's other attention
+            merged_rollout.merged_sampler(model).set_attn_implementation(extra["attention"])
+            merged_rollout._DECODERS.pop(model, None)
         if path == "loop":                                      # sized to this part's rows and prompt: one shape
             merged_rollout.reserve(model, G, enc["input_ids"].shape[1], L)
         calls = []
@@ -189,10 +198,13 @@ def sampling(args, cfg, model, tok, prompt, res):
         row = {"first_call_seconds": calls[0], "seconds": sec, "tokens_per_s_per_sequence": L / sec,
                "tokens_per_s": G * L / sec, "bound_per_sequence": bound, "share_of_bound": L / sec / bound,
                "peak_gb": clock.peaks.get("generate", 0) / 1e9}
-        res["samplers"][name] = row
+        res[part][name] = row
         print(f"| {name} | {calls[0]:.2f} | {sec:.2f} | {L / sec:.1f} | {G * L / sec:.0f} | {bound:.0f} | "
               f"{L / sec / bound:.0%} | {_gb(clock, 'generate')} |")
         del sampler
+    if part == "gqa":                                           # the copy as training samples with it
+        merged_rollout.merged_sampler(model).set_attn_implementation(merged_rollout.ATTENTION)
+        merged_rollout._DECODERS.pop(model, None)
     model.train()
 
 
@@ -207,7 +219,6 @@ def paper_step(args, cfg, model, tok, optimizer, params, prompt, answer, res):
     """Part 2: two steps at --gpu_step_tokens (after a warm-up of 8 tokens, the merged sampler sized once for the
     full length): the first's seconds beside the second's, whose sampling no compile is in; seconds per stage
     and measured vs estimated peak of the second."""
-    import merged_rollout
     est = estimate(cfg, model, tok, prompt, args.gpu_step_tokens)
     if cfg.rollout == "merged":
         merged_rollout.reserve(model, cfg.generation_size, len(tok(prompt, add_special_tokens=False)["input_ids"]),
@@ -452,6 +463,7 @@ def run(args, res):
          "trl": lambda: trl_against(args, cfg, model, tok, optimizer, params, prompt, answer, gpu),
          "determinism": lambda: determinism(args, cfg, model, tok, optimizer, params, prompt, answer, gpu),
          "h_ini": lambda: initial_entropy(args, cfg, model, tok, prompt, gpu),
+         "gqa": lambda: sampling(args, cfg, model, tok, prompt, gpu, "gqa", GQA, args.gpu_step_tokens),
          }[part]()
         if part != "cap40":
             gpu[part]["meta"] = {"seconds": time.time() - t}

@@ -1,4 +1,4 @@
-"""bench/gpu.py through `python -m bench --parts gpu`, dry-run on CPU on the tiny shape: the four parts
+"""bench/gpu.py through `python -m bench --parts gpu`, dry-run on CPU on the tiny shape: the parts
 run the code a GPU runs and print their tables; on CPU the same 3 steps twice are identical. And how
 the determinism part reports two runs that differ."""
 import json
@@ -16,7 +16,7 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "bench", "--parts", "gpu", "--gpu_shape", "tiny", "--gpu_sample_tokens", "4",
                         "--gpu_step_tokens", "8", "--gpu_det_tokens", "4", "--flags", "--generation_size 4",
-                        "--gpu_parts", "samplers,step,determinism,h_ini",
+                        "--gpu_parts", "samplers,step,determinism,h_ini,gqa",
                         "--out", str(out)], cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout
@@ -31,6 +31,8 @@ def test_gpu_part_dry_run_on_cpu(tmp_path):
     assert res["determinism"]["differ"] == {}                                   # CPU: bit for bit
     assert "identical: every metric and the weights bit for bit" in text
     assert res["h_ini"]["seconds"] > 0 and res["h_ini"]["estimate"] > 0 and res["h_ini"]["mean"] > 0
+    assert set(res["gqa"]) == {"merged loop", "merged loop, K/V repeated", "meta"} and "7. gqa: G 4 x 8" in text
+    assert all(res["gqa"][k]["seconds"] > 0 for k in ("merged loop", "merged loop, K/V repeated"))
 
 
 @pytest.mark.slow                                     # the device script's dry run: the embedded model, every part

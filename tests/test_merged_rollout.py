@@ -304,3 +304,56 @@ def test_the_decode_loop_samples_what_generate_samples(tiny_model_dir):
     a, b = logprobs(ours), logprobs(theirs)
     se = ((a.var() + b.var()) / n).sqrt()
     assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
+
+
+def _sdpa_key_shapes(attention, module, q, k, v, mask):
+    """The shapes of the keys scaled_dot_product_attention receives when `attention` is traced by torch.compile
+    (fullgraph, dynamo's graph only), and its output."""
+    shapes = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is torch._C._nn.scaled_dot_product_attention:
+                shapes.append(tuple(node.args[1].meta["example_value"].shape))
+        return gm
+    out, _ = torch.compile(attention, backend=backend, fullgraph=True)(module, q, k, v, mask, scaling=0.125)
+    return shapes, out
+
+
+def test_grouped_attention_reads_each_kv_head_once_under_compile():
+    """One query token (the decode step), 8 heads on 2 K/V heads, a padding mask: compiled, transformers' SDPA
+    path hands SDPA keys repeated to 8 heads over the whole cache; grouped_sdpa hands it the 2 heads as they
+    are, and its output equals transformers' within float rounding, eagerly bit for bit."""
+    import torch._dynamo
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    torch._dynamo.reset()
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 4, True
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 8, 1, 16), torch.randn(3, 2, 40, 16), torch.randn(3, 2, 40, 16)   # (B, H, 1, D), (B, H_kv, L, D)
+    mask = torch.ones(3, 1, 1, 40, dtype=torch.bool)
+    mask[0, ..., :7] = False                                               # a left-padded row
+    theirs_shapes, theirs = _sdpa_key_shapes(sdpa_attention_forward, module, q, k, v, mask)
+    ours_shapes, ours = _sdpa_key_shapes(merged_rollout.grouped_sdpa, module, q, k, v, mask)
+    assert theirs_shapes == [(3, 8, 40, 16)] and ours_shapes == [(3, 2, 40, 16)]
+    assert ours.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    eager = sdpa_attention_forward(module, q, k, v, mask, scaling=0.125)[0]
+    assert torch.equal(merged_rollout.grouped_sdpa(module, q, k, v, mask, scaling=0.125)[0], eager)
+
+
+def test_the_copy_attends_with_grouped_heads_and_samples_what_sdpa_samples(tiny_model_dir):
+    """The merged copy of an SDPA policy attends with grouped_sdpa; its decode loop draws, greedily and bit for
+    bit, what the same copy draws with transformers' SDPA."""
+    from rollout import eos_ids
+    model, tok = _policy(tiny_model_dir)
+    plain = merged_rollout.merged_copy(model)
+    assert model.config._attn_implementation == "sdpa" and plain.config._attn_implementation == "gtpo_grouped_sdpa"
+    ids, attn = _prompts(tok)
+    eos, pad = eos_ids(model, tok), tok.pad_token_id
+    draws = []
+    for name in ("gtpo_grouped_sdpa", "sdpa"):
+        plain.set_attn_implementation(name)
+        draws.append(merged_rollout.Decoder(plain, 6, ids.shape[1] + 5, 16, None)(plain, ids, attn, 3, 16, 0, eos,
+                                                                                 pad, temperature=0.0))
+    assert draws[0].shape == (6, 16) and torch.equal(draws[0], draws[1])
