@@ -10,8 +10,8 @@ count is kept.
 
 Resumable at every level, any number of times: finished steps are skipped, an interrupted training continues
 from its last checkpoint (train.py --resume) on the host that began it, an interrupted evaluation from its last
-whole problem (eval.py --resume). Ctrl-C (or SIGTERM) lets the running step finish and save. From the repository
-root:
+whole problem (eval.py --resume); a run is evaluated on the host that trained it. Ctrl-C (or SIGTERM) lets the
+running step finish and save. From the repository root:
 
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
     python -m study.run --threads 1 --only q7-released,q8- --seeds 1 &         # one part, one worker per seed
@@ -267,6 +267,7 @@ def evaluate(run_id, out, evals, shard, threads):
                     "--output_dir", dest]
         if os.path.isfile(os.path.join(dest, "samples.jsonl")):
             argv.append("--resume")
+        check_same_host(run_id, out, evaluating=True)
         attempt(run_id, f"eval-{name}", argv, os.path.join(out, "eval.log"), os.path.join(dest, "results.json"),
                 shard, threads)
         shutil.copyfile(os.path.join(dest, "results.json"), keep)
@@ -315,14 +316,16 @@ def finished(run_id, evals):
     return all(os.path.isfile(os.path.join(d, f)) for f in ("metrics.jsonl", *(f"eval-{s}.json" for s in evals)))
 
 
-def check_same_host(run_id, out):
-    """An interrupted training resumes only on the host that began it (runs/study/<run>/host.txt): elsewhere its
-    later steps would take other numerics than its earlier ones, and no committed file would show the seam."""
+def check_same_host(run_id, out, evaluating=False):
+    """An interrupted training resumes, and a run is evaluated, only on the host that began its training
+    (runs/study/<run>/host.txt): elsewhere its later steps, or its samples, would take other numerics, and no
+    committed file would show the seam."""
     path = os.path.join(out, "host.txt")
     began = open(path).read() if os.path.isfile(path) else None
     if began is not None and began != host():
-        raise SystemExit(f"{run_id} was interrupted on another host ({began}); this one is {host()}. Resume it "
-                         f"there, or remove runs/study/{run_id}/ to train it from the start here")
+        what, there = ("trained", "Evaluate it there") if evaluating else ("interrupted", "Resume it there")
+        raise SystemExit(f"{run_id} was {what} on another host ({began}); this one is {host()}. {there}, or "
+                         f"remove runs/study/{run_id}/ to train it from the start here")
 
 
 def adapter_fingerprint(folder):

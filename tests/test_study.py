@@ -553,9 +553,10 @@ def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp
     assert study.host().count(";") == 1 and "torch 2." in study.host() and "family" in study.host()
 
 
-def test_an_interrupted_training_resumes_only_on_the_host_that_began_it(tmp_path, monkeypatch):
+def test_a_run_resumes_and_is_evaluated_only_on_the_host_that_began_it(tmp_path, monkeypatch):
     """A run stopped part-way has no committed metrics or fingerprint to compare, so its folder keeps the host
-    that began it (host.txt): another host stops before resuming; the same one resumes (--resume)."""
+    that began it (host.txt): another host stops before resuming, or before evaluating it; the same one
+    resumes (--resume)."""
     committed_in(tmp_path / "keep", monkeypatch)
     monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
     monkeypatch.setattr(study, "wait_for", lambda path: path)
@@ -575,6 +576,11 @@ def test_an_interrupted_training_resumes_only_on_the_host_that_began_it(tmp_path
     monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a[2]) or (out / "final").mkdir())
     study.train("q8-nogamma-s4", ["--ent_gamma", "0"], 4, "warmup-q8-s4", (0, 2), 1)
     assert calls[1][-1] == "--resume"
+    (out / "config.json").write_text(json.dumps({"dataset": "arithmetic"}))     # its evaluation: the same rule
+    monkeypatch.setattr(study, "host", lambda: "Intel Xeon family 6 model 143; torch 2.13.0")
+    with pytest.raises(SystemExit, match=r"trained on another host \(AMD EPYC.*Evaluate it there"):
+        study.evaluate("q8-nogamma-s4", str(out), ["id"], (0, 2), 1)
+    assert len(calls) == 2
 
 
 def test_q8_verdicts_holm_and_the_default_term_rule_on_hand_made_runs(tmp_path, monkeypatch):
