@@ -20,12 +20,14 @@ sample(...)            G completions per prompt through the copy; on out-of-memo
                        rollout and every later one of the policy go through `generate` instead
 PAD_MULTIPLE           prompts are left-padded to a multiple of this (the loop's prompt width rounds to it)
 grouped_sdpa           the copy's attention: SDPA with one query token's heads grouped onto their K/V head
+use_attention(model, n) the kept copy attends with another implementation from its next rollout
 """
 import copy
 import gc
 import weakref
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from cpu_rollout import lora_factors
 
@@ -98,7 +100,6 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
     too: q (B, H, 1, D) -> (B, H_kv, H / H_kv, D) against K, V (B, H_kv, L, D) as they are. transformers does the
     same in eager mode; compiled with a mask (the decode step always passes one) it repeats K and V to H heads
     over the whole static cache at every token instead, H / H_kv times the cache's bytes read and written."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or groups == 1 or (attention_mask is not None and attention_mask.shape[1] != 1):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -117,6 +118,13 @@ def group_query_heads(plain, name=ATTENTION):
     AttentionInterface.register(name, grouped_sdpa)
     AttentionMaskInterface.register(name, sdpa_mask)
     plain.set_attn_implementation(name)
+
+
+def use_attention(model, name):
+    """The policy's kept copy attends with `name` ("sdpa", ATTENTION, ...) from its next rollout: a new decode
+    loop, since the compiled one holds the old attention."""
+    merged_sampler(model).set_attn_implementation(name)
+    _DECODERS.pop(model, None)
 
 
 _SAMPLERS = weakref.WeakKeyDictionary()         # policy -> its merged copy (gone with the policy)

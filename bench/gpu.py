@@ -176,9 +176,8 @@ def sampling(args, cfg, model, tok, prompt, res, part="samplers", samplers=SAMPL
     for name, (path, extra) in samplers.items():
         if name == "merged+compile" and not args.device.startswith("cuda"):
             continue                                            # transformers compiles on CUDA only
-        if "attention" in extra:                                # a new loop for the copy's other attention
-            merged_rollout.merged_sampler(model).set_attn_implementation(extra["attention"])
-            merged_rollout._DECODERS.pop(model, None)
+        if "attention" in extra:
+            merged_rollout.use_attention(model, extra["attention"])
         if path == "loop":                                      # sized to this part's rows and prompt: one shape
             merged_rollout.reserve(model, G, enc["input_ids"].shape[1], L)
         calls = []
@@ -203,8 +202,7 @@ def sampling(args, cfg, model, tok, prompt, res, part="samplers", samplers=SAMPL
               f"{L / sec / bound:.0%} | {_gb(clock, 'generate')} |")
         del sampler
     if part == "gqa":                                           # the copy as training samples with it
-        merged_rollout.merged_sampler(model).set_attn_implementation(merged_rollout.ATTENTION)
-        merged_rollout._DECODERS.pop(model, None)
+        merged_rollout.use_attention(model, merged_rollout.ATTENTION)
     model.train()
 
 
