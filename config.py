@@ -17,7 +17,7 @@ import torch
 from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
 from models import ALIASES
 from rollout import PATHS
-from runs import ConfigError
+from runs import ConfigError, read_json
 
 GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objective (Eq. 1, 5-8)",
           "run": "the run: data, output, resume, logging",
@@ -250,7 +250,20 @@ def parse_args(argv=None, description=None):
     given = vars(build_parser(description).parse_args(argv))
     profile = PROFILES.get(given.get("model", Config.model), {})
     released = RELEASED_CODE if given.get("released_code") else {}
-    return finish(Config(**{**profile, **released, **given}))
+    cfg = finish(Config(**{**profile, **released, **given}))
+    if cfg.resume and not {"entropy_term", "released_code"} & given.keys():
+        cfg.entropy_term = recorded_term(cfg.output_dir, cfg.entropy_term)
+    return cfg
+
+
+def recorded_term(out, default):
+    """The --entropy_term of the run in `out` (UNRECORDED's for a config.json older than the flag): --resume
+    without the flag continues a run with the term it was made with, whatever the default is now. With no
+    readable config.json, `default`; runs.prepare_output_dir then says what is wrong."""
+    try:
+        return {**UNRECORDED, **read_json(os.path.join(out, "config.json"))}["entropy_term"]
+    except (OSError, ValueError):
+        return default
 
 
 def finish(cfg):

@@ -220,19 +220,25 @@ def test_released_code_selects_every_released_behaviour_and_given_flags_win():
     assert (mixed.entropy_term, mixed.ent_threshold, mixed.conflict_combine) == ("eq7", 0.5, "product")
 
 
-def test_resume_reads_an_unrecorded_entropy_term_as_released(tmp_path):
-    """A run whose config.json predates --entropy_term ran the released form: resuming it under eq7 is
-    refused like any other change of objective."""
+def test_resume_keeps_the_entropy_term_the_run_was_made_with(tmp_path):
+    """--resume without --entropy_term continues with the run's own term (config.json), whatever the default;
+    a config.json older than the flag ran the released form. Asking for the other term is refused like any
+    other change of objective."""
     from config import UNRECORDED, identity_keys, parse_args
     from runs import ConfigError, prepare_output_dir, write_json
     old = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path)]))
     del old["entropy_term"], old["released_code"]
     write_json(str(tmp_path / "config.json"), old)
-    new = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path)]))
+    kept = parse_args(["--output_dir", str(tmp_path), "--resume"])
+    assert kept.entropy_term == "released" and parse_args(["--output_dir", str(tmp_path)]).entropy_term == "eq7"
+    assert prepare_output_dir(str(tmp_path), dataclasses.asdict(kept), True, False, identity_keys(), (), UNRECORDED) == {}
+    other = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--resume", "--entropy_term", "eq7"]))
     with pytest.raises(ConfigError, match="entropy_term: 'released' there vs 'eq7' now"):
-        prepare_output_dir(str(tmp_path), new, True, False, identity_keys(), (), UNRECORDED)
-    same = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--entropy_term", "released"]))
-    assert prepare_output_dir(str(tmp_path), same, True, False, identity_keys(), (), UNRECORDED) == {}
+        prepare_output_dir(str(tmp_path), other, True, False, identity_keys(), (), UNRECORDED)
+    write_json(str(tmp_path / "config.json"), {**old, "entropy_term": "eq7", "released_code": False})
+    assert parse_args(["--output_dir", str(tmp_path), "--resume"]).entropy_term == "eq7"
+    assert parse_args(["--output_dir", str(tmp_path), "--resume", "--released_code"]).entropy_term == "released"
+    assert parse_args(["--output_dir", str(tmp_path / "none"), "--resume"]).entropy_term == "eq7"
 
 
 def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
