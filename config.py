@@ -128,10 +128,11 @@ class Config:
                                group="objective", choices=["auto", "all", "neg", "off"])
     ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective")
     ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective")
-    entropy_term: str = flag("eq7", "eq7 = -gamma <H>_i a term of its own for every completion, with its gradient, "
-                             "delta_i filters the advantage only (Eq. 7); released = folded into the advantage "
-                             "(A_i - gamma <H>_i), detached, and zeroed by delta_i with it (released code)",
-                             group="objective", choices=["eq7", "released"])
+    # released, not Eq. 7 as written: the rule declared in docs/study.md part 7 chose it from Q8's runs
+    entropy_term: str = flag("released", "released = -gamma <H>_i folded into the advantage (A_i - gamma <H>_i), "
+                             "detached, and zeroed by delta_i with it (released code); eq7 = a term of its own for "
+                             "every completion, with its gradient, delta_i filtering the advantage only (Eq. 7 "
+                             "as written)", group="objective", choices=["released", "eq7"])
     released_code: bool = flag(False, "every released-code behaviour at once: " + ", ".join(
         f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in RELEASED_CODE.items())
         + " (flags given beside it win)", group="objective")

@@ -13,9 +13,10 @@ What changes against GRPOTrainer, all computed with gtpo.py's functions:
     once for its completions);
   * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
     tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22;
-  * Eq. 7's +gamma <H>_i (as a loss) is added for every completion of the micro-batch, with its
-    gradient through TRL's own entropies. entropy_term="released" instead folds it into the
-    advantage, A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i), as the released code does.
+  * Eq. 7's -gamma <H>_i is folded into the advantage, A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i),
+    as the released code does (entropy_term="released", the default); entropy_term="eq7" instead adds
+    +gamma <H>_i (as a loss) for every completion of the micro-batch, with its gradient through TRL's
+    own entropies, as Eq. 7 is written.
 Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and gtpo/h_ini with "auto").
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
@@ -61,8 +62,9 @@ class GTPOConfig(GRPOConfig):
                                                           "<H>_ini from the first batch), all, neg, off"})
     ent_threshold: float = field(default=math.log(2), metadata={"help": "threshold on <H>_i (Eq. 6)"})
     ent_gamma: float = field(default=0.1, metadata={"help": "gamma of -gamma <H>_i (Eq. 7)"})
-    entropy_term: str = field(default="eq7", metadata={"help": "eq7 = -gamma <H>_i a term of its own, with its "
-                              "gradient (Eq. 7); released = folded into the advantage, detached"})
+    entropy_term: str = field(default="released", metadata={"help": "released = -gamma <H>_i folded into the "
+                              "advantage, detached (train.py's default); eq7 = a term of its own, with its gradient "
+                              "(Eq. 7 as written)"})
 
     def __post_init__(self):
         super().__post_init__()

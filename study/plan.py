@@ -129,7 +129,7 @@ Q6_SEEDS, Q6_NEW_SEEDS, Q6_RUNG = (21, 22, 23, 24, 25, 26, 27, 28), (26, 27, 28)
 Q6_FLAGS = {m: rung_flags(m, *next(r[1:] for r in LADDER if r[0] == Q6_RUNG)) for m in ("grpo", "gtpo")}
 Q7_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
 Q7_EVALS = (("id", "id-best", "ood", "kl200"),)  # primary first; kl200: the KL to the warm-up at step 200 only
-Q7_GTPO = COMMON + ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]  # defaults named
+Q7_GTPO = COMMON + ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]  # the term named
 Q7_GRPO = COMMON + ["--use_grpo", *A9, *LONG]
 Q8_HOST_SEEDS = (1, 2)                       # GRPO trained again on these seeds where the warm-up is not Q7's
 
@@ -148,7 +148,7 @@ def q8_arms():
     once their warm-up is known to differ from Q7's; Q7's two arms read beside them."""
     again = tuple(s for s in Q8_HOST_SEEDS if warmup_differs(s))
     return [Arm("warmup-q8", "SFT warm-up, 32 steps", WARMUP_LONG, Q7_SEEDS),
-            Arm("q7-grpo", "GRPO β=0"), Arm("q7-gtpo", "GTPO, Eq. 7 (default)"),
+            Arm("q7-grpo", "GRPO β=0"), Arm("q7-gtpo", "GTPO, Eq. 7"),
             Arm("q7-released", "GTPO, released term", [*Q7_GTPO[:-4], "--entropy_term", "released", "--entropy_filter",
                                                         "auto"], Q7_SEEDS, "warmup-q8", Q7_EVALS),
             Arm("q8-nogamma", "GTPO, γ = 0", Q7_GTPO + ["--ent_gamma", "0"], Q7_SEEDS, "warmup-q8", Q7_EVALS),
@@ -239,15 +239,15 @@ PARTS = [
                  ((), ("rung",), ("kl",)))],
          tests=[Test("Q6", "GRPO collapses more often than GTPO with Eq. 7", vs("q6-grpo", "q6-gtpo"),
                    "collapsed", test="fisher", names=("GRPO", "GTPO (Eq. 7)"))]),
-    Part("q7", "Q7: does the default objective (Eq. 7 as written) reach a higher ID pass@1 than GRPO β = 0 after 200 "
+    Part("q7", "Q7: does GTPO with Eq. 7 as written reach a higher ID pass@1 than GRPO β = 0 after 200 "
          "steps?", cost="Q7", order="seed", section="per_seed_lines", cells="q7_cells", arms=[
              Arm("warmup-q7", "SFT warm-up, 32 steps", WARMUP_LONG, Q7_SEEDS),
              Arm("q7-grpo", "GRPO β=0", Q7_GRPO, Q7_SEEDS, "warmup-q7", Q7_EVALS),
-             Arm("q7-gtpo", "GTPO, Eq. 7 (default)", Q7_GTPO, Q7_SEEDS, "warmup-q7", Q7_EVALS)],
+             Arm("q7-gtpo", "GTPO, Eq. 7", Q7_GTPO, Q7_SEEDS, "warmup-q7", Q7_EVALS)],
          tests=[Test("Q7", "GTPO above GRPO", vs("q7-gtpo", "q7-grpo"), "id",
                    test="sign-flip one-sided", names=("GTPO", "GRPO"))],
          figures=[("curves-q7.png", "plot_curves", dict(names=["q7-gtpo", "q7-grpo"], smooth=10,
-                                                        title="Q7: the default objective against GRPO, 200 steps"))]),
+                                                        title="Q7: GTPO with Eq. 7 as written against GRPO, 200 steps"))]),
     Part("q8", "Q8: which part of GTPO helps where the model learns?", cost="Q8", order="seed",
          section="q8_lines", cells="q7_cells", arms=q8_arms,
          tests=[Test("Q8", "released − GRPO", vs("q7-released", "q7-grpo"), "id",

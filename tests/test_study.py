@@ -398,7 +398,7 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
         if s == 1:
             (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
             assert rule == "not finished (1 of 8 seeds have both runs)"
-            assert "| 1 | GTPO, Eq. 7 (default) | 0.450 | 99 | 52 | – | 0.200 | 90 → 100 | 10.0 → 40.0 | " \
+            assert "| 1 | GTPO, Eq. 7 | 0.450 | 99 | 52 | – | 0.200 | 90 → 100 | 10.0 → 40.0 | " \
                    "0.49 → 0.30 → 0.30 | 3 | 2 | 25.0 | 0.321 | – |" in "\n".join(lines)
     (_, _, rule, lines), = study_report.per_seed_lines(plan.part("q7"))
     diffs = [0.05] * 7 + [-0.10]
@@ -417,7 +417,7 @@ def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
 
 
 def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
-    """docs/study.md part 6: per seed its own warm-up, then GRPO and GTPO (the default objective, named), each job
+    """docs/study.md part 6: per seed its own warm-up, then GRPO and GTPO (Eq. 7 as written, its term named), each job
     carrying its evaluations (the released-form arm is Q8's)."""
     jobs = plan.part_jobs(plan.part("q7"))
     assert len(jobs) == 3 * len(plan.Q7_SEEDS)

@@ -130,10 +130,10 @@ def test_flat_group_residues_give_no_conflicts_and_zero_advantage(tmp_path):
     w, conflict, _ = gtpo.batch_conflict_weights(ids, mask, torch.cat([adv[:4], torch.zeros(4)]), 4)
     assert not conflict[4:].any() and conflict[:4].any()
     h = torch.full((8,), 0.3)
-    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path), "off")
+    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path, entropy_term="eq7"), "off")
     assert (per_token[4:] == 0).all()
     torch.testing.assert_close(per_token[:4], w[:4] * adv[:4].unsqueeze(1))
-    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path, entropy_term="released"), "off")
+    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path), "off")   # the default: released
     torch.testing.assert_close(per_token[4:], -0.1 * 0.3 * mask[4:].float())   # the flat group
     torch.testing.assert_close(per_token[:4], w[:4] * (adv[:4] - 0.1 * 0.3).unsqueeze(1))
 
