@@ -37,7 +37,7 @@ RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combin
 
 
 # what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
-UNRECORDED = {"entropy_term": "released", "released_code": False}
+UNRECORDED = {"entropy_term": "released", "released_code": False, "loss_type": "grpo"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -133,6 +133,10 @@ class Config:
                              "detached, and zeroed by delta_i with it (released code); eq7 = a term of its own for "
                              "every completion, with its gradient, delta_i filtering the advantage only (Eq. 7 "
                              "as written)", group="objective", choices=["released", "eq7"])
+    loss_type: str = flag("grpo", "how per-token terms become the loss (TRL's names): grpo = each completion's "
+                          "token mean, then the mean over completions (Eq. 7); dapo = the mean over all tokens of "
+                          "the step, all ranks included; dr_grpo = the sum over tokens / (N x "
+                          "max_completion_length)", group="objective", choices=["grpo", "dapo", "dr_grpo"])
     released_code: bool = flag(False, "every released-code behaviour at once: " + ", ".join(
         f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in RELEASED_CODE.items())
         + " (flags given beside it win)", group="objective")
@@ -252,18 +256,24 @@ def parse_args(argv=None, description=None):
     profile = PROFILES.get(given.get("model", Config.model), {})
     released = RELEASED_CODE if given.get("released_code") else {}
     cfg = finish(Config(**{**profile, **released, **given}))
-    if cfg.resume and not {"entropy_term", "released_code"} & given.keys():
-        cfg.entropy_term = recorded_term(cfg.output_dir, cfg.entropy_term)
+    if cfg.resume:
+        for name, flags in KEPT_ON_RESUME.items():
+            if not flags & given.keys():
+                setattr(cfg, name, recorded(cfg.output_dir, name, getattr(cfg, name)))
     return cfg
 
 
-def recorded_term(out, default):
-    """The --entropy_term of the run in `out` (UNRECORDED's for a config.json older than the flag): --resume
-    without the flag continues a run with the term it was made with, whatever the default is now. With no
-    readable config.json, `default`; runs.prepare_output_dir then says what is wrong."""
+# what --resume takes from the run's config.json unless one of these flags is given
+KEPT_ON_RESUME = {"entropy_term": {"entropy_term", "released_code"}, "loss_type": {"loss_type"}}
+
+
+def recorded(out, name, default):
+    """Setting `name` of the run in `out` (UNRECORDED's for a config.json older than the flag): --resume
+    without the flag continues a run as it was made, whatever the default is now. With no readable
+    config.json, `default`; runs.prepare_output_dir then says what is wrong."""
     try:
-        return {**UNRECORDED, **read_json(os.path.join(out, "config.json"))}["entropy_term"]
-    except (OSError, ValueError):
+        return {**UNRECORDED, **read_json(os.path.join(out, "config.json"))}[name]
+    except (OSError, ValueError, KeyError):
         return default
 
 

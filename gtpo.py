@@ -10,18 +10,22 @@ tensors, so each one can be read next to its equation and tested on its own.
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
     entropy_filter     Eq. 6           delta_i * A_i: the advantage of a completion above the threshold -> 0
     entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), detached: the released code's form
+    aggregate          Eq. 7           per-token terms -> the step's loss (grpo = Eq. 7's normalisation, dapo,
+                                       dr_grpo): the one place, exact under micro-batches and ranks
     gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i]
     kl_k3              Eq. 1           exp(ref - logp) - (ref - logp) - 1, per token
     grpo_loss          Eq. 1           PPO-clipped surrogate - beta * KL (k3), the baseline
 
 Shapes: N completions (N = prompts x G), L completion positions, V vocabulary.
 """
+from typing import NamedTuple
+
 import torch
 
 __all__ = [
     "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "conflict_weights",
-    "batch_conflict_weights", "token_entropy", "entropy_filter", "entropy_gate", "filtered_stats", "gtpo_loss", "kl_k3",
-    "grpo_loss",
+    "batch_conflict_weights", "token_entropy", "entropy_filter", "entropy_gate", "filtered_stats", "LOSS_TYPES", "Totals",
+    "aggregate", "gtpo_loss", "kl_k3", "grpo_loss",
 ]
 
 
@@ -257,9 +261,60 @@ def filtered_stats(advantages, shaped, entropy):
 
 
 # -----------------------------------------------------------------------------
-# 4. losses
+# 4. aggregation: how per-token terms become the loss
 
-def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None, entropy=None, gamma=0.0):
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo")       # TRL's loss_type names for the same three normalisations
+
+
+class Totals(NamedTuple):
+    """The whole step a micro-batch belongs to, which aggregate divides by.
+
+    completions: N, this rank's completions in the step (every rank has as many);
+    tokens: real completion tokens of the step summed over all ranks, divided by the number of ranks;
+    max_length: L_max, Dr. GRPO's constant length (the run's max_completion_length).
+    """
+    completions: float
+    tokens: float
+    max_length: float
+
+
+def aggregate(per_token, mask, loss_type="grpo", per_seq=None, totals=None):
+    """The loss from per-token terms l_{i,t}: the one place where they are summed and normalised.
+
+    per_token (n, L); mask (n, L); per_seq (n,) or None: a completion's own term s_i (Eq. 7's
+    gamma <H>_i), read as the value s_i on each of its |o_i| tokens, so that it is aggregated as the
+    tokens are. totals: the step this micro-batch is part of (Totals); None = this micro-batch alone.
+        grpo     (1/N) sum_i [(1/|o_i|) sum_t l_{i,t} + s_i]       Eq. 7: each completion's token mean,
+                                                                  then the mean over completions
+        dapo     (1/T) sum_i [sum_t l_{i,t} + |o_i| s_i]           token-level (DAPO): every token alike
+        dr_grpo  (1/(N L_max)) sum_i [sum_t l_{i,t} + |o_i| s_i]   a constant length (Dr. GRPO)
+    Returns this micro-batch's share of the step's loss: the shares of a step's micro-batches add up to
+    its loss, and, since DDP averages gradients over ranks and Totals.tokens is the ranks' mean token
+    count, the ranks' shares average to the loss of the whole batch over all ranks.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    mask = mask.to(per_token.dtype)
+    if totals is None:
+        totals = Totals(len(per_token), mask.sum().item(), mask.shape[1])
+    sums = (per_token * mask).sum(dim=1)                            # (n,)
+    lengths = mask.sum(dim=1)                                       # (n,) |o_i|
+    if loss_type == "grpo":
+        seq = sums / lengths.clamp(min=1)                           # (n,) each completion's token mean
+        if per_seq is not None:
+            seq = seq + per_seq.to(seq.dtype)
+        return seq.sum() / totals.completions
+    if per_seq is not None:
+        sums = sums + lengths * per_seq.to(sums.dtype)              # s_i on each of its tokens
+    norm = max(totals.tokens, 1.0) if loss_type == "dapo" else totals.completions * totals.max_length
+    return sums.sum() / norm
+
+
+# -----------------------------------------------------------------------------
+# 5. losses
+
+def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None, entropy=None, gamma=0.0, loss_type="grpo",
+              totals=None):
     """GTPO loss (Eq. 7 / Eq. 20), one-iteration case (Sec. 3): the gradient is Eq. 22.
 
     logprobs (N, L) log pi(o_{i,t}) of the sampled tokens, with grad; mask (N, L);
@@ -269,20 +324,19 @@ def gtpo_loss(logprobs, mask, advantages, weights, n_conflict=None, entropy=None
         ratio = exp(logp - logp.detach())  (value 1, carries the gradient).
     The entropy term is every completion's, filtered or not: delta_i multiplies the advantage term
     only (Eq. 7). entropy=None leaves it out (the released form, where gamma is in the advantage).
-    n_conflict (N,): divide each completion's advantage term by max(n_conflict_i, 1) -- the
+    n_conflict (N,): divide each completion's advantage terms by max(n_conflict_i, 1) -- the
     released code's normalisation (Listing 3, step 5), not in the equations.
+    loss_type, totals: how the terms are aggregated (aggregate; "grpo" is the formula above).
     Returns (loss, metrics).
     """
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - logprobs.detach())                 # (N, L) == 1
-    per_token = -ratio * advantages.unsqueeze(1) * weights * mask   # (N, L)
-    per_seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)   # (N,)
+    per_token = -ratio * advantages.unsqueeze(1) * weights          # (N, L)
     if n_conflict is not None:
-        per_seq = per_seq / n_conflict.clamp(min=1).to(per_seq.dtype)
+        per_token = per_token / n_conflict.clamp(min=1).to(per_token.dtype).unsqueeze(1)
     metrics = {"gtpo/mean_weight": masked_mean(weights.detach(), mask)}
-    if entropy is not None:
-        per_seq = per_seq + gamma * entropy.to(per_seq.dtype)       # (N,) the -gamma <H>_i of Eq. 7
-    loss = per_seq.mean()
+    per_seq = None if entropy is None else gamma * entropy          # (N,) the -gamma <H>_i of Eq. 7
+    loss = aggregate(per_token, mask, loss_type, per_seq, totals)
     metrics["loss"] = loss.detach()
     return loss, metrics
 
@@ -295,13 +349,15 @@ def kl_k3(logprobs, ref_logprobs):
     return torch.exp(d) - d - 1
 
 
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, clip_eps=0.2):
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, clip_eps=0.2, entropy=None,
+              gamma=0.0, loss_type="grpo", totals=None):
     """GRPO loss, Eq. 1 (Shao et al. 2024), the baseline.
 
     Per token: -[min(r A, clip(r, 1-eps, 1+eps) A) - beta * KL_k3], with
     r = exp(logp - old_logp) and KL_k3 = kl_k3(logp, ref); mean over each completion's real
-    tokens, then over completions. old_logprobs=None is the one-iteration case
-    (old = logp.detach(), r == 1). ref_logprobs=None or beta=0 drops the KL term.
+    tokens, then over completions (loss_type "grpo"; aggregate gives the others). old_logprobs=None
+    is the one-iteration case (old = logp.detach(), r == 1). ref_logprobs=None or beta=0 drops the KL
+    term. entropy (N,) = <H>_i adds +gamma <H>_i per completion (GRPO + filtering + gamma, App. 14).
     logprobs, old_logprobs, ref_logprobs, mask (N, L); advantages (N,).
     Returns (loss, metrics) with metrics "kl" (when a reference is given) and "clip_ratio/region_mean"
     (the share of tokens where the clipped arm is the minimum).
@@ -318,7 +374,8 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, beta=0.0, 
         metrics["kl"] = masked_mean(kl.detach(), mask)
         if beta:
             per_token = per_token + beta * kl
-    loss = masked_mean(per_token, mask, dim=1).mean()
+    per_seq = None if entropy is None else gamma * entropy          # (N,)
+    loss = aggregate(per_token, mask, loss_type, per_seq, totals)
     is_clipped = (ratio * adv > clipped * adv).to(mask.dtype)       # the min took the clipped arm
     metrics["clip_ratio/region_mean"] = masked_mean(is_clipped.detach(), mask)   # TRL's name
     metrics["loss"] = loss.detach()

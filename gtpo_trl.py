@@ -13,10 +13,11 @@ What changes against GRPOTrainer, all computed with gtpo.py's functions:
     once for its completions);
   * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
     tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22;
+    "dapo" and "dr_grpo" aggregate as train.py's --loss_type does (gtpo.aggregate);
   * Eq. 7's -gamma <H>_i is folded into the advantage, A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i),
     as the released code does (entropy_term="released", the default); entropy_term="eq7" instead adds
     +gamma <H>_i (as a loss) for every completion of the micro-batch, with its gradient through TRL's
-    own entropies, as Eq. 7 is written.
+    own entropies, as Eq. 7 is written, aggregated by gtpo.aggregate under TRL's normalisers.
 Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and gtpo/h_ini with "auto").
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
@@ -54,7 +55,8 @@ except ImportError as e:                                           # TRL is opti
 class GTPOConfig(GRPOConfig):
     """GRPOConfig plus GTPO's settings, under train.py's names; TRL options that would change the
     method are refused."""
-    loss_type: str = field(default="grpo", metadata={"help": "TRL's 'grpo' loss is Eq. 7's normalisation"})
+    loss_type: str = field(default="grpo", metadata={"help": "grpo = Eq. 7's normalisation (each completion's "
+                           "token mean, then their mean); dapo = over all tokens; dr_grpo = a constant length"})
     conflict_weight: float = field(default=2.0, metadata={"help": "lambda on positive conflict tokens (Eq. 5)"})
     conflict_combine: str = field(default="or", metadata={"help": "or = Eq. 5; product = released code"})
     conflict_norm: bool = field(default=False, metadata={"help": "divide by the conflict count (released code)"})
@@ -69,7 +71,6 @@ class GTPOConfig(GRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         wrong = {
-            "loss_type": (self.loss_type, "grpo", "GTPO's normalisation (Eq. 7) is TRL's 'grpo' loss"),
             "beta": (self.beta, 0.0, "GTPO has no KL term"),
             "top_entropy_quantile": (self.top_entropy_quantile, 1.0, "another token filter than Eq. 6"),
             "entropy_coef": (getattr(self, "entropy_coef", 0.0), 0.0, "an entropy bonus with gradient, not Eq. 7"),
@@ -78,6 +79,10 @@ class GTPOConfig(GRPOConfig):
             "multi_objective_aggregation": (self.multi_objective_aggregation, "sum_then_normalize",
                                             "Eq. 8 normalises the summed reward per group"),
         }
+        if self.loss_type not in gtpo.LOSS_TYPES:
+            raise ValueError(f"GTPOConfig: loss_type={self.loss_type!r} is not supported (GTPO's per-token advantages "
+                             f"are aggregated as {', '.join(gtpo.LOSS_TYPES)}, as train.py's --loss_type); use 'grpo' "
+                             f"for Eq. 7's normalisation")
         for name, (value, want, why) in wrong.items():
             if value != want:
                 raise ValueError(f"GTPOConfig: {name}={value!r} is not supported ({why}); use {want!r}")
@@ -151,15 +156,30 @@ class GTPOTrainer(GRPOTrainer):
         return logps, entropies, aux
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss + gamma (1/n) sum_i <H>_i over the micro-batch's n completions (Eq. 7, entropy_term
-        "eq7"), scaled for gradient accumulation as TRL scales its "grpo" loss."""
+        """TRL's loss + gamma <H>_i of each completion of the micro-batch (Eq. 7, entropy_term "eq7"),
+        aggregated by gtpo.aggregate as TRL aggregates its loss_type, gradient accumulation included."""
         loss = super()._compute_loss(model, inputs)
         if self.args.entropy_term != "eq7" or not self.args.ent_gamma:
             return loss
-        h = gtpo.masked_mean(self._entropies, inputs["completion_mask"], dim=1)       # (n,) <H>_i, with grad
-        accumulation = self.current_gradient_accumulation_steps if self.model.training else 1.0
+        mask = inputs["completion_mask"]
+        h = gtpo.masked_mean(self._entropies, mask, dim=1)                            # (n,) <H>_i, with grad
         self._entropies = None
-        return loss + self.args.ent_gamma * h.mean() / accumulation
+        term = gtpo.aggregate(torch.zeros(mask.shape, dtype=h.dtype, device=h.device), mask, self.args.loss_type,
+                              per_seq=self.args.ent_gamma * h, totals=self._totals(inputs))
+        return loss + term
+
+    def _totals(self, inputs):
+        """TRL's normalisers for one micro-batch as gtpo.Totals: its completions times the accumulation
+        steps, the generation batch's tokens over all processes per process and accumulation window
+        (num_items_in_batch, "dapo"), and max_completion_length."""
+        n, accumulation = len(inputs["completion_mask"]), 1.0
+        tokens = float(inputs["completion_mask"].sum())
+        if self.model.training:
+            accumulation = self.current_gradient_accumulation_steps
+        if "num_items_in_batch" in inputs:
+            tokens = float(inputs["num_items_in_batch"]) / self.accelerator.num_processes
+            tokens *= accumulation / self.args.steps_per_generation if self.model.training else 1.0
+        return gtpo.Totals(n * accumulation, tokens, self.max_completion_length)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)

@@ -4,6 +4,8 @@ the benchmarks (bench/) time.
 rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
            -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
 sft_step   token NLL of the worked solution in the tag format, backward
+step_totals  the step's completions and tokens (over all ranks), which gtpo.aggregate -- the one
+           place where per-token terms become the loss (--loss_type) -- divides every micro-batch by
 initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
 
 Each step reads a config.Config and leaves gradients in the parameters; the caller clips, steps the
@@ -51,12 +53,13 @@ def _sync_if(policy, last):
 # -----------------------------------------------------------------------------
 # the one place where GTPO and GRPO differ, given a micro-batch's log-probs
 
-def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None):
+def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None, totals=None):
     """GTPO (Eq. 7 with Eq. 5's weights, Eq. 6's filter and -gamma <H>_i) or GRPO (Eq. 1).
 
     logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient when
     entropy_grad(cfg); weights (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L)
-    reference log-probs (GRPO, beta > 0).
+    reference log-probs (GRPO, beta > 0); totals: the step these completions are part of
+    (step_totals; None = these alone), aggregated as cfg.loss_type says (gtpo.aggregate).
     cfg.entropy_term "eq7": delta_i filters the advantage term and +gamma <H>_i is every completion's
     own term with its gradient (Eq. 7); "released": gamma folded into the advantage, detached, and
     zeroed with it by delta_i (entropy_gate).
@@ -71,15 +74,24 @@ def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None
             penalty = h if cfg.ent_gamma else None                                   # Eq. 7's gamma <H>_i
         else:
             a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)  # released code
+    agg = dict(entropy=penalty, gamma=cfg.ent_gamma, loss_type=cfg.loss_type, totals=totals)
     if cfg.method == "gtpo":
         norm = n_conflict if cfg.conflict_norm else None
-        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, norm, entropy=penalty, gamma=cfg.ent_gamma)
+        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, norm, **agg)
         return loss, m, a
-    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv if a is None else a, beta=cfg.beta, clip_eps=cfg.clip_eps)
-    if penalty is not None:
-        loss = loss + cfg.ent_gamma * penalty.mean()
-        m["loss"] = loss.detach()
+    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv if a is None else a, beta=cfg.beta, clip_eps=cfg.clip_eps,
+                             **agg)
     return loss, m, a
+
+
+def step_totals(cfg, mask, ranks=None):
+    """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions, the step's
+    real completion tokens averaged over ranks (ranks: runs.Dist under torchrun; only "dapo" reads
+    it), and L_max = max_completion_length. mask (N, L) -> gtpo.Totals."""
+    tokens = float(mask.sum())
+    if cfg.loss_type == "dapo" and ranks is not None:
+        tokens = ranks.mean({"tokens": tokens})["tokens"]
+    return gtpo.Totals(len(mask), tokens, cfg.max_completion_length)
 
 
 def entropy_grad(cfg):
@@ -129,13 +141,14 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
 # -----------------------------------------------------------------------------
 # RL step
 
-def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, conflict_log=None):
+def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, conflict_log=None,
+            ranks=None):
     """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
     gradient pass, a DDP-wrapped gtpo_logprobs.PolicyPass under torchrun. prompts: B chat-formatted
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
-    conflict tokens into (GTPO or GRPO).
+    conflict tokens into (GTPO or GRPO). ranks: runs.Dist under torchrun (step_totals).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
     "weights" (N, L) lambda or None}.
     """
@@ -160,7 +173,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
         conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
-    h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock)
+    h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock, ranks)
     m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
     m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
     if gated is not None:
@@ -172,12 +185,14 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     return m, ro, {"rewards": total, "advantages": adv, "weights": weights}
 
 
-def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock=_no_clock):
-    """Backward of the mean loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
-    on the last). Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the
-    token means of the losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
+def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock=_no_clock, ranks=None):
+    """Backward of the step's loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
+    on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
+    so the micro-batch size does not change the gradient. Returns (<H>_i (N,), the gated advantages
+    (N,) or None, {"loss": float, and the token means of the losses' own metrics: "kl",
+    "clip_ratio/region_mean", "gtpo/mean_weight"})."""
     G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
-    mb = cfg.micro_batch_size or N
+    mb, totals = cfg.micro_batch_size or N, step_totals(cfg, ro.completion_mask, ranks)
     ent_i, gated, token_sums, loss_sum = [], [], {}, 0.0
     for s in range(0, N, mb):
         rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
@@ -195,17 +210,16 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
                 h = gtpo.masked_mean(ent, mask[rows], dim=1)                          # (n,) <H>_i
                 loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
                                           None if weights is None else weights[rows],
-                                          None if n_conf is None else n_conf[rows], ref)
-                part_loss = loss * n_mb / N                                          # mean over all N
+                                          None if n_conf is None else n_conf[rows], ref, totals)
             clock("forward")
-            part_loss.backward()            # always (DDP ranks must agree); a NaN is caught at the step
+            loss.backward()                 # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
         ent_i.append(h.detach())
         gated += [] if a is None else [a]
         for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
             if key in lm:
                 token_sums.setdefault(key, []).append(lm[key] * mask[rows].sum())
-        loss_sum += part_loss.item()
+        loss_sum += loss.item()
     m = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
     return torch.cat(ent_i), torch.cat(gated) if gated else None, {"loss": loss_sum, **m}
 
@@ -245,7 +259,7 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
     micro-batches of cfg.sft_micro_batch_size (else cfg.micro_batch_size) records; backward."""
     p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
     N = len(records)
-    mb, n_tokens = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, c_mask.sum().clamp(min=1).float()
+    mb, totals = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, gtpo.Totals(N, float(c_mask.sum()), 0)
     loss_sum = 0.0
     for s in range(0, N, mb):
         rows = slice(s, s + mb)
@@ -253,7 +267,7 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
             with autocast(policy):
                 logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows], c_mask[rows],
                                             with_entropy=False, logprob_chunk=cfg.logprob_chunk)
-                loss = -(logp * c_mask[rows]).sum() / n_tokens                      # token mean over all N
+                loss = gtpo.aggregate(-logp, c_mask[rows], "dapo", totals=totals)   # token mean over all N
             clock("forward")
             loss.backward()
             clock("backward")

@@ -510,3 +510,74 @@ def test_kl_k3_on_the_policys_own_samples_estimates_kl_to_the_reference_not_the_
     kl_pq, kl_qp = float((p * (p / q).log()).sum()), float((q * (q / p).log()).sum())
     assert abs(got - kl_pq) < 0.03 and kl_qp - kl_pq > 0.8             # 1.22 vs 2.08 nats
     assert float(masked_mean(kl_k3(p.log()[tokens], p.log()[tokens]), mask)) == 0.0
+
+
+# -----------------------------------------------------------------------------
+# aggregation: how per-token terms become the loss (grpo = Eq. 7's normalisation, dapo, dr_grpo)
+
+def _terms():
+    """Two completions of 3 and 1 real tokens (padding carries garbage), per-token terms and own terms."""
+    per_token = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, 99.0, 99.0, 99.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    return per_token, mask, torch.tensor([0.5, -1.0])
+
+
+def test_aggregate_hand_computed_for_each_loss_type():
+    per_token, mask, s = _terms()
+    T = gtpo.Totals(completions=2, tokens=4, max_length=4)
+    assert gtpo.aggregate(per_token, mask, "grpo").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+    assert gtpo.aggregate(per_token, mask, "dapo").item() == pytest.approx(10 / 4)
+    assert gtpo.aggregate(per_token, mask, "dr_grpo", totals=T).item() == pytest.approx(10 / (2 * 4))
+    # s_i is the value s_i on each of the completion's tokens: once per completion in grpo, |o_i| times otherwise
+    assert gtpo.aggregate(per_token, mask, "grpo", s).item() == pytest.approx((6 / 3 + 0.5 + 4 / 1 - 1.0) / 2)
+    assert gtpo.aggregate(per_token, mask, "dapo", s).item() == pytest.approx((10 + 3 * 0.5 - 1.0) / 4)
+    for loss_type in gtpo.LOSS_TYPES:
+        spread = gtpo.aggregate(per_token + s.unsqueeze(1), mask, loss_type, totals=T)
+        assert gtpo.aggregate(per_token, mask, loss_type, s, totals=T).item() == pytest.approx(spread.item())
+    with pytest.raises(ValueError, match="loss_type must be one of grpo, dapo, dr_grpo"):
+        gtpo.aggregate(per_token, mask, "bnpo")
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_aggregate_shares_add_up_over_micro_batches_and_average_over_ranks(loss_type):
+    """Cut into micro-batches with the step's totals, the shares add up to the whole batch's loss and
+    gradient; cut into 2 ranks (tokens = the ranks' mean count), DDP's average of the ranks' gradients is
+    the whole batch's. Without the totals, token-level micro-batches would give another loss."""
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(6, 5, generator=g, requires_grad=True)
+    mask = (torch.arange(5)[None] < torch.tensor([5, 1, 3, 2, 5, 4])[:, None]).long()
+    s = torch.randn(6, generator=g)
+
+    def loss(rows, totals):
+        return gtpo.aggregate(logp[rows] ** 2, mask[rows], loss_type, s[rows], totals)
+
+    whole = loss(slice(0, 6), gtpo.Totals(6, float(mask.sum()), 5))
+    (g_whole,) = torch.autograd.grad(whole, logp)
+    steps = gtpo.Totals(6, float(mask.sum()), 5)
+    parts = [loss(slice(a, a + 2), steps) for a in (0, 2, 4)]
+    (g_parts,) = torch.autograd.grad(sum(parts), logp)
+    assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-6)
+    torch.testing.assert_close(g_parts, g_whole)
+    ranks = gtpo.Totals(3, float(mask.sum()) / 2, 5)                    # each rank's N; tokens averaged
+    per_rank = [loss(slice(a, a + 3), ranks) for a in (0, 3)]
+    (g_ranks,) = torch.autograd.grad(sum(per_rank) / 2, logp)            # DDP: the mean of the ranks' gradients
+    torch.testing.assert_close(g_ranks, g_whole)
+    if loss_type == "dapo":                                             # each micro-batch's own token count
+        alone = sum(loss(slice(a, a + 2), None) * 2 / 6 for a in (0, 2, 4))
+        assert alone.item() != pytest.approx(whole.item(), rel=1e-3)
+
+
+def test_losses_aggregate_through_the_one_function():
+    """gtpo_loss and grpo_loss with a loss type equal aggregate of their per-token terms: the conflict count
+    divides each token's term, +gamma <H>_i is a completion's own term."""
+    logp, mask, adv, w, lengths = _fixture()
+    n_conf, h = torch.tensor([3, 0, 1, 2]), torch.tensor([0.3, 0.6, 0.1, 0.9])
+    per_token = -adv.unsqueeze(1) * w / n_conf.clamp(min=1).unsqueeze(1)
+    T = gtpo.Totals(4, float(mask.sum()), 8)
+    for loss_type in gtpo.LOSS_TYPES:
+        loss, _ = gtpo_loss(logp, mask, adv, w, n_conflict=n_conf, entropy=h, gamma=0.1, loss_type=loss_type, totals=T)
+        want = gtpo.aggregate(per_token, mask, loss_type, 0.1 * h, T)
+        assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+        loss, _ = grpo_loss(logp, None, None, mask, adv, entropy=h, gamma=0.1, loss_type=loss_type, totals=T)
+        want = gtpo.aggregate(-adv.unsqueeze(1).expand_as(logp), mask, loss_type, 0.1 * h, T)
+        assert loss.item() == pytest.approx(want.item(), rel=1e-6)

@@ -232,7 +232,8 @@ def train(cfg, dist, stop):
             if cfg.method == "sft" or warmup:
                 m = step.sft_step(policy, tok, batch, example, cfg, dist.device, clock)
             else:
-                m = rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log)
+                m = rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log,
+                            dist)
             m = {"step": k + 1, "epoch": epoch, **m, **{f"time/{s}": v for s, v in clock.parts.items()}}
             finite = optimizer_step(cfg, m, params, optimizer, scheduler, dist)
             m["step_time"] = time.time() - t0
@@ -295,12 +296,12 @@ def check_finite(cfg, k, nonfinite_run):
     return nonfinite_run
 
 
-def rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log):
+def rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log, dist):
     """One GTPO/GRPO step on this rank's prompts (step.rl_step); every --sample_every steps the first
     group's completions go to samples.jsonl."""
     prompts = [format_prompt(tok, r["question"], example) for r in batch]
     m, ro, scored = step.rl_step(model, policy, tok, prompts, [r["answer"] for r in batch], cfg, ref_model, clock,
-                                 conflict_log=conflict_log)
+                                 conflict_log=conflict_log, ranks=dist)
     if cfg.sample_every and (k % cfg.sample_every == 0 or k == total - 1):
         metrics.samples(group_rows(tok, ro, scored, range(cfg.generation_size), k + 1, batch[0]["question"],
                                    batch[0]["answer"]))

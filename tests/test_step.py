@@ -97,6 +97,93 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
+def _objective_flags():
+    """Every objective flag that changes how terms reach the loss: method x entropy_term x loss_type x
+    entropy_filter, with GTPO's conflict-count normalisation on in the "neg" cases."""
+    for method in ("gtpo", "grpo"):
+        for term in ("released", "eq7"):
+            for loss_type in ("grpo", "dapo", "dr_grpo"):
+                for gate in ("off", "all", "neg"):
+                    yield dict(method=method, entropy_term=term, loss_type=loss_type, entropy_filter=gate,
+                               conflict_norm=method == "gtpo" and gate == "neg")
+
+
+def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective_flag(tiny_model_dir, tiny_lm,
+                                                                                    monkeypatch):
+    """Micro-batches of 0 (all), 2 and 4 completions, cut across groups: the same loss and LoRA gradients
+    for every combination of the objective's flags (gtpo.aggregate divides by the step's totals)."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(rewards, "reward", reward)
+    base = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4)
+    model.zero_grad()
+    m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], dataclasses.replace(base, entropy_filter="off"))
+    threshold = m["entropy"]                            # about half of the completions above it
+    filtered, losses = set(), set()
+    for flags in _objective_flags():
+        results = []
+        for mb in (0, 2, 4):
+            model.zero_grad()
+            cfg = dataclasses.replace(base, ent_threshold=threshold, micro_batch_size=mb, **flags)
+            m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
+            results.append((m, grads(model)))
+        (m0, g0), others = results[0], results[1:]
+        assert any((v != 0).any() for v in g0.values()), flags
+        for m, g in others:
+            assert m["loss"] == pytest.approx(m0["loss"], abs=1e-6), flags
+            for n in g0:
+                torch.testing.assert_close(g[n], g0[n], atol=1e-6, rtol=1e-4, msg=f"{flags} {n}")
+        filtered.add(0 < m0.get("gtpo/filtered_frac", 0) < 1)
+        losses.add(round(m0["loss"], 6))
+    assert filtered == {True, False}                    # the filter's active branch is among the cases
+    assert len(losses) > 10                             # the flags do change the loss
+
+
+class _TwoRanks:
+    """runs.Dist's mean over two ranks, as rank 0 sees it, for a step computed in this one process."""
+
+    def __init__(self, other_tokens):
+        self.other = other_tokens
+
+    def mean(self, values):
+        return {"tokens": (values["tokens"] + self.other) / 2}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_one_rank_and_two_ranks_give_the_same_update(tiny_model_dir, tiny_lm, monkeypatch, loss_type):
+    """Two ranks of one prompt each, their gradients averaged as DDP averages them, equal one rank with both
+    prompts, for every loss type: token-level (dapo) divides by the token count over all ranks."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
+    halves = [Rollout(**{f.name: getattr(ro, f.name)[i * 3:(i + 1) * 3] for f in dataclasses.fields(ro)})
+              for i in (0, 1)]
+    by_text = dict(zip(ro.texts, [0., 1, 2, 2, 0, 1]))                 # each completion keeps its reward
+
+    def reward(texts, answers, task, counts=None):
+        r = torch.tensor([float(by_text[t]) for t in texts])
+        return r, r, torch.zeros(len(texts))
+    monkeypatch.setattr(rewards, "reward", reward)
+    cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, entropy_filter="off",
+                 loss_type=loss_type)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    model.zero_grad()
+    m1, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
+    g1 = grads(model)
+    tokens = [float(h.completion_mask.sum()) for h in halves]
+    assert tokens[0] != tokens[1]                       # ranks with different token counts
+    per_rank = []
+    for r, half in enumerate(halves):
+        monkeypatch.setattr(step, "rollout", lambda *a, **k: half)
+        model.zero_grad()
+        m, _, _ = step.rl_step(model, model, tok, [["p", "q"][r]], [["1", "2"][r]], cfg, ranks=_TwoRanks(tokens[1 - r]))
+        per_rank.append((m, grads(model)))
+    assert (per_rank[0][0]["loss"] + per_rank[1][0]["loss"]) / 2 == pytest.approx(m1["loss"], abs=1e-6)
+    for n in g1:
+        torch.testing.assert_close((per_rank[0][1][n] + per_rank[1][1][n]) / 2, g1[n], atol=1e-6, rtol=1e-4, msg=n)
+
+
 def _rl_grads(model, tok, monkeypatch, **flags):
     """One GTPO rl_step on a fixed rollout of 2 prompts x 3 completions -> (metrics, {name: grad})."""
     ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)

@@ -241,6 +241,25 @@ def test_resume_keeps_the_entropy_term_the_run_was_made_with(tmp_path):
     assert parse_args(["--output_dir", str(tmp_path / "none"), "--resume"]).entropy_term == "released"
 
 
+def test_resume_keeps_the_loss_type_the_run_was_made_with(tmp_path):
+    """config.json records --loss_type; --resume without the flag continues with it (grpo for a config.json
+    older than the flag); another loss type is refused like any other change of objective."""
+    from config import UNRECORDED, identity_keys, parse_args
+    from runs import ConfigError, prepare_output_dir, write_json
+    made = parse_args(["--output_dir", str(tmp_path), "--loss_type", "dapo"])
+    write_json(str(tmp_path / "config.json"), dataclasses.asdict(made))
+    kept = parse_args(["--output_dir", str(tmp_path), "--resume"])
+    assert kept.loss_type == "dapo"
+    assert prepare_output_dir(str(tmp_path), dataclasses.asdict(kept), True, False, identity_keys(), (), UNRECORDED) == {}
+    other = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--resume", "--loss-type", "dr_grpo"]))
+    with pytest.raises(ConfigError, match="loss_type: 'dapo' there vs 'dr_grpo' now"):
+        prepare_output_dir(str(tmp_path), other, True, False, identity_keys(), (), UNRECORDED)
+    old = dataclasses.asdict(made)
+    del old["loss_type"]
+    write_json(str(tmp_path / "config.json"), old)
+    assert parse_args(["--output_dir", str(tmp_path), "--resume"]).loss_type == "grpo"
+
+
 def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
     from rollout import resolve_path
     assert [resolve_path("auto", d) for d in ("cuda", "cuda:1", "cpu", torch.device("cpu"))] == \

@@ -47,11 +47,14 @@ def _trainer(tmp_path, model, tok, **kw):
 
 
 @pytest.mark.parametrize("term", ["eq7", "released"])
-@pytest.mark.parametrize("gate,norm,temperature", [("off", False, 1.0), ("all", False, 1.0), ("neg", True, 1.0),
-                                                   ("all", True, 1.0), ("all", False, 0.7)])
-def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature, term):
+@pytest.mark.parametrize("gate,norm,temperature,loss_type", [
+    ("off", False, 1.0, "grpo"), ("all", False, 1.0, "grpo"), ("neg", True, 1.0, "grpo"), ("all", True, 1.0, "grpo"),
+    ("all", False, 0.7, "grpo"), ("all", True, 1.0, "dapo"), ("neg", False, 1.0, "dr_grpo")])
+def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature, loss_type,
+                                               term):
     """Both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7" both
-    add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head)."""
+    add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
+    as the loss type says (TRL's normalisers, train.py's gtpo.aggregate)."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     ids, mask, adv = _planted(model.config.vocab_size)
     ids = ids.masked_fill(mask == 0, tok.pad_token_id)
@@ -62,14 +65,14 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
         _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=temperature)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
     t = _trainer(tmp_path, model, tok, entropy_filter=gate, conflict_norm=norm, ent_threshold=float(h.median()),
-                 temperature=temperature, entropy_term=term)
+                 temperature=temperature, entropy_term=term, loss_type=loss_type)
     torch.testing.assert_close(t._mean_entropy({"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
                                                 "completion_mask": mask}, "train"), h)
     per_token, metrics = token_advantages(ids, mask, adv, h, 4, t.args, gate)
     model.train()
     model.zero_grad()
     inputs = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask,
-              "advantages": per_token}
+              "advantages": per_token, "num_items_in_batch": mask.sum()}
     loss = t._compute_loss(model, inputs)
     loss.backward()
     model.eval()
@@ -83,12 +86,14 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     ours_adv = torch.where(ours_adv == 0, 0.0, adv)
     weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)
     cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, conflict_norm=norm,
-                 ent_threshold=float(h.median()), temperature=temperature, entropy_term=term)
+                 ent_threshold=float(h.median()), temperature=temperature, entropy_term=term, loss_type=loss_type,
+                 max_completion_length=t.args.max_completion_length)
     logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature,
                                   entropy_grad=step.entropy_grad(cfg))
     h_ours = gtpo.masked_mean(ent, mask, dim=1)                        # (N,) with grad under "eq7"
     assert h_ours.requires_grad == (term == "eq7")
-    ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h_ours, weights, n_conf)
+    ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h_ours, weights, n_conf,
+                                  totals=step.step_totals(cfg, mask))
     ours.backward()
     assert loss.item() == pytest.approx(ours.item(), abs=1e-6) and ours.item() != 0
     g_ours = grads(model)
@@ -193,7 +198,7 @@ def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tin
         assert {k: sorted(v) for k, v in seen.items()} == one, name
 
 
-@pytest.mark.parametrize("kw,msg", [({"loss_type": "dapo"}, "loss_type"), ({"beta": 0.04}, "beta"),
+@pytest.mark.parametrize("kw,msg", [({"loss_type": "bnpo"}, "loss_type"), ({"beta": 0.04}, "beta"),
                                     ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
                                     ({"scale_rewards": "batch"}, "scale_rewards"),
                                     ({"entropy_filter": "sometimes"}, "entropy_filter"),
@@ -214,7 +219,7 @@ def test_defaults_are_the_papers(tmp_path):
         GTPOConfig.__mro__[1])}]
     assert sorted(added) == ["conflict_combine", "conflict_norm", "conflict_weight", "ent_gamma", "ent_threshold",
                              "entropy_filter", "entropy_term"]
-    assert {k: getattr(a, k) for k in added} == {k: ours[k] for k in added}
+    assert {k: getattr(a, k) for k in added + ["loss_type"]} == {k: ours[k] for k in added + ["loss_type"]}
 
 
 def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, tiny_model_dir):
