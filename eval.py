@@ -1,4 +1,5 @@
-"""Evaluation: pass@k and maj@k at temperature 1.0 (Sec. 6; Fig. 2 bottom, Fig. 3), and plots.
+"""Evaluation: a model sampled on a problem set and scored, pass@k and maj@k at temperature 1.0 (Sec. 6; Fig. 2
+bottom, Fig. 3), or a run's KL to its start (--drift); the figures are plots.py's, called from here.
 
     python eval.py                                    # embedded model, built-in task, offline
     python eval.py --model llama-8b --adapter runs/gtpo-llama8b-gsm8k/final --dataset gsm8k \\
@@ -24,11 +25,11 @@ import sys
 
 import torch
 
-import conflicts
 import rewards
 import runs
 from data import DataError, format_prompt, load_task, longest_prompt, one_shot_example, read_jsonl, task_name
 from models import ModelError, load_model, pick_dtype, quiet_peft
+from plots import model_label, plot_main, plot_passk
 from rewards import answers_equal, extract_answer
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
@@ -188,109 +189,13 @@ def summary(res):
             f"mean length {res['mean_length']:.1f} tokens")
 
 
-# -----------------------------------------------------------------------------
-# 2. plots (matplotlib, PNG)
-
-def model_label(res):
-    """A legend label from results.json: "untrained <model>" or "trained: <the run's folder>"."""
-    if not res.get("adapter"):
-        return f"untrained {os.path.basename(str(res.get('model', 'model')))}"
-    adapter = os.path.abspath(res["adapter"])
-    return f"trained: {os.path.basename(os.path.dirname(adapter))}/{os.path.basename(adapter)}"
-
-
-def plot_passk(results, out_png):
-    """pass@k (solid) and maj@k (dashed) over k on a log-2 axis; results: [(label, results dict)]."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    top = 0.0
-    for i, (label, res) in enumerate(results):
-        ks = sorted(int(k) for k in res["pass@k"])
-        col = f"C{i % 10}"
-        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, ms=4, label=f"{label} pass@k")
-        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, ms=8, mfc="none",   # hollow: visible
-                label=f"{label} maj@k")                                                      # where they coincide
-        top = max(top, *res["pass@k"].values(), *res["maj@k"].values())
-    ax.set_xscale("log", base=2)
-    ks = sorted({int(k) for _, res in results for k in res["pass@k"]})
-    ax.set_xticks(ks, [str(k) for k in ks])                                   # 1 2 4 8, not 2^0 2^1 ...
-    ax.minorticks_off()
-    ax.set_title(", ".join(sorted({f"{r.get('dataset', '?')} (n={r.get('n_samples', '?')})" for _, r in results})),
-                 fontsize=9)
-    ax.set_xlabel("k")
-    ax.set_ylabel("fraction of problems solved")
-    ax.set_ylim(0, min(1.0, 1.15 * top + 0.02))                  # low scores stay readable
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-
-
-CURVE_KEYS = {"reward": "total reward (0-20)", "rewards/format": "formatting reward (0-10)",
-              "rewards/accuracy": "correctness reward (0-10)", "entropy": "mean token entropy (nats)",
-              "kl": "KL to reference", "gtpo/conflict_frac": "conflict tokens / tokens",
-              "completions/mean_length": "completion length (tokens)", "loss": "loss"}
-
-
 def read_rows(path):
     """The JSON objects of a .jsonl file (data.read_jsonl: a malformed line names file:line)."""
     return [obj for _, obj in read_jsonl(path)]
 
 
-def trailing_mean(values, window):
-    """Mean of each value and the window - 1 before it (fewer at the start): the curves' smoothing."""
-    return [sum(values[max(0, j - window + 1):j + 1]) / len(values[max(0, j - window + 1):j + 1])
-            for j in range(len(values))]
-
-
-def plot_curves(metric_files, out_png, smooth=5):
-    """Training curves over steps (RL steps only), one line per metrics.jsonl: reward, format,
-    accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    runs = [(os.path.basename(os.path.dirname(os.path.abspath(f))) or f,
-             [r for r in read_rows(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
-    keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
-    if not keys:
-        raise DataError(f"no RL-step metrics ({', '.join(list(CURVE_KEYS)[:3])}, ...) in {', '.join(metric_files)}")
-    cols = 2
-    fig, axes = plt.subplots(math.ceil(len(keys) / cols), cols, figsize=(10, 2.6 * math.ceil(len(keys) / cols)),
-                             squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        for i, (name, rows) in enumerate(runs):
-            pts = [(r["step"], r[key]) for r in rows if key in r]
-            if not pts:
-                continue
-            x, y = zip(*pts)
-            col = f"C{i % 10}"
-            ax.plot(x, y, color=col, alpha=0.3 if smooth > 1 else 1.0, lw=0.8)
-            if smooth > 1:
-                ax.plot(x, trailing_mean(y, smooth), color=col, lw=1.6, label=name)
-            else:
-                ax.lines[-1].set_label(name)
-        ax.set_title(key, fontsize=9)
-        ax.set_ylabel(CURVE_KEYS[key], fontsize=8)
-        ax.set_xlabel("optimizer step", fontsize=8)
-        ax.grid(alpha=0.3)
-        if key == "entropy":
-            ax.axhline(math.log(2), color="k", ls=":", lw=1)
-    for ax in axes.flat[len(keys):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
-    smoothing = f"thin: each step, thick: trailing mean of the last {smooth} steps; " if smooth > 1 else ""
-    fig.suptitle(f"RL steps; {smoothing}dotted: ln 2 (Eq. 6)", fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-
-
 # -----------------------------------------------------------------------------
-# 3. sampling
+# 2. sampling
 
 def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
     """The base model, with a trained LoRA adapter (PEFT folder) or full fine-tuned weights on top."""
@@ -417,7 +322,7 @@ def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cp
 
 
 # -----------------------------------------------------------------------------
-# 4. main
+# 3. main
 
 def parse_args(argv=None):
     from config import Parser                           # train.py's flag spelling and errors
@@ -463,27 +368,6 @@ def parse_args(argv=None):
     a("--drift_steps", type=int, nargs="+", default=None, metavar="STEP",
       help="with --drift: only these checkpoints (0 = the start; default: the start and every scheduled one)")
     return p.parse_args(argv)
-
-
-def plot_main(args):
-    """--plot / --curves / --render: figures from files already written, no model."""
-    out = args.output_dir or (os.path.dirname(os.path.abspath(args.render)) if args.render else "runs")
-    os.makedirs(out, exist_ok=True)
-    for f in (args.plot or []) + (args.curves or []) + ([args.render] if args.render else []):
-        if not os.path.isfile(f):
-            raise DataError(f"{f!r} does not exist")
-    if args.render:
-        try:
-            print("wrote " + " and ".join(conflicts.render(args.render, out, args.render_step)))
-        except ValueError as e:
-            raise DataError(f"--render {args.render}: {e}") from None
-    if args.plot:
-        plot_passk([(model_label(res), res) for res in map(runs.read_json, args.plot)], os.path.join(out, "passk.png"))
-        print(f"wrote {os.path.join(out, 'passk.png')}")
-    if args.curves:
-        plot_curves(args.curves, os.path.join(out, "curves.png"), args.smooth)
-        print(f"wrote {os.path.join(out, 'curves.png')}")
-    return 0
 
 
 def rescored(args):

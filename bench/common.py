@@ -1,9 +1,13 @@
-"""What the CPU benchmarks (bench/__main__.py) and the GPU part (bench/gpu.py) share: the timed prompt,
+"""What the CPU benchmarks (bench/cpu.py, bench/probes.py) and the GPU part (bench/gpu.py) share: the timed prompt,
 the reward that keeps every timed step's work the same, and the memory-bandwidth bound."""
 import contextlib
+import os
 import time
 
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # the repository: benchmarks run from it
+MB = 2 ** 20
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import statistics
 
 from study.plan import COLLAPSE_WINDOW, EVALS, LADDER, METHODS, N_SAMPLES, PILOT_SEED, TEST_SEEDS, arm, collapse_step, \
     load, trailing
-from study.report import pass1
+from study.verdicts import pass1
 
 STYLE = {"gtpo-a6": ("tab:blue", "-"), "gtpo-a9": ("tab:blue", "--"), "grpo-a6": ("tab:orange", "-"),
          "grpo-a9": ("tab:orange", "--"), "grpo-kl6": ("tab:red", "--"), "sft": ("tab:green", "-"),

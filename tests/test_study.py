@@ -7,6 +7,7 @@ import pytest
 
 from study import figures, plan
 from study import report as study_report
+from study import verdicts
 from study import run as study
 
 
@@ -35,19 +36,19 @@ def test_run_table_same_budget_and_warm_ups_first():
 
 
 def test_sign_flip_p_exact_values():
-    assert study_report.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)    # all same sign: the minimum 2/2^m
-    assert study_report.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
-    assert study_report.sign_flip_p([1.0, -1.0]) == 1.0
+    assert verdicts.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)    # all same sign: the minimum 2/2^m
+    assert verdicts.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
+    assert verdicts.sign_flip_p([1.0, -1.0]) == 1.0
     # [3, 1, -1]: |sum| = 3; patterns with |sum| >= 3: +-(3, 1, -1), +-(3, 1, 1), +-(3, -1, -1) -> 6 of 8
-    assert study_report.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)
+    assert verdicts.sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(6 / 8)
 
 
 def test_bootstrap_ci_brackets_the_mean_and_excludes_zero_when_every_problem_agrees():
     same = [[0.25] * 40, [0.125] * 40]
-    lo, hi = study_report.bootstrap_ci(same, reps=2000)
+    lo, hi = verdicts.bootstrap_ci(same, reps=2000)
     assert lo == pytest.approx(0.1875) and hi == pytest.approx(0.1875)
     mixed = [[0.5, -0.5] * 20]
-    lo, hi = study_report.bootstrap_ci(mixed, reps=2000)
+    lo, hi = verdicts.bootstrap_ci(mixed, reps=2000)
     assert lo < 0 < hi
 
 
@@ -57,8 +58,8 @@ def test_bootstrap_ci_brackets_the_mean_and_excludes_zero_when_every_problem_agr
     (1, 0.1, 0.25, (-0.01, 0.2), "same direction, within noise"), (-1, 0.1, 0.5, None, "opposite direction, within noise"),
     (0, 0.1, 0.25, (0.01, 0.2), "A above B (for these runs)"), (0, -0.1, 0.5, None, "A below B, within noise")])
 def test_verdict_rule(sign, mean, p, ci, want):
-    assert study_report.verdict(sign, mean, p, ci) == want
-    assert study_report.verdict(sign, mean, p, ci, regime="why").startswith("not testable here")
+    assert verdicts.verdict(sign, mean, p, ci) == want
+    assert verdicts.verdict(sign, mean, p, ci, regime="why").startswith("not testable here")
 
 
 def test_collapse_rule():
@@ -205,11 +206,11 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
 def test_fisher_exact_one_sided_hand_values_and_the_declared_verdicts():
     """docs/study.md's sizes: 4/4 vs 0/4 p = 1/70, 5/6 vs 1/6 p = 37/924; with 5 + 5 seeds 5/5 vs 1/5
     and 4/5 vs 0/5 reach 0.05, 4/5 vs 1/5 does not."""
-    f = study_report.fisher_one_sided
+    f = verdicts.fisher_one_sided
     assert f(4, 4, 0, 4) == pytest.approx(1 / 70) and f(5, 6, 1, 6) == pytest.approx(37 / 924)
     assert f(5, 5, 1, 5) == pytest.approx(5 / 210) and f(4, 5, 0, 5) == pytest.approx(5 / 210)
     assert f(4, 5, 1, 5) == pytest.approx(26 / 252) and f(0, 5, 0, 5) == 1.0
-    v = study_report.verdict                              # a count difference and its one-sided p, as test_row
+    v = verdicts.verdict                              # a count difference and its one-sided p, as test_row
     assert v(1, 4 / 5, f(5, 5, 1, 5)) == "holds"
     assert v(1, 3 / 5, f(4, 5, 1, 5)) == "same direction, within noise"
     assert v(1, -1, f(5, 5, 0, 5)) == "contradicted"
@@ -366,16 +367,16 @@ def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
 def test_one_sided_sign_flip_hand_values():
     """8 of 8 in one direction: 1/256 (either direction: the p is the observed direction's); the sum's rank among
     the 2^m patterns otherwise; a zero flips to itself; no direction at all: 1."""
-    one = lambda d: study_report.sign_flip_p(d, sided=1)                       # noqa: E731
+    one = lambda d: verdicts.sign_flip_p(d, sided=1)                       # noqa: E731
     assert one([0.1] * 8) == one([-0.1] * 8) == 1 / 256
     assert one([0.3, -0.1]) == 2 / 4          # +-: 0.2 observed; ++ 0.4 and +- reach it
     assert one([0.1, 0.0]) == 2 / 4            # the 0 unit's two signs tie
     assert one([-0.1] * 7 + [0.05]) == 2 / 256 and one([0.1, -0.1] * 4) == 1.0
-    v = lambda d: study_report.verdict(1, sum(d) / len(d), one(d))            # noqa: E731
+    v = lambda d: verdicts.verdict(1, sum(d) / len(d), one(d))            # noqa: E731
     assert v([0.1] * 8) == "holds" and v([-0.1] * 7 + [0.05]) == "contradicted"
     assert v([0.1, -0.1] * 4) == "no difference" and v([0.1] * 6 + [-0.1] * 2) == "same direction, within noise"
-    assert study_report.holm([0.01, 0.04]) == [0.02, 0.04] and study_report.holm([0.04, 0.01]) == [0.04, 0.02]
-    assert study_report.holm([0.03, 0.02]) == [0.04, 0.04]                      # step-down keeps the order
+    assert verdicts.holm([0.01, 0.04]) == [0.02, 0.04] and verdicts.holm([0.04, 0.01]) == [0.04, 0.02]
+    assert verdicts.holm([0.03, 0.02]) == [0.04, 0.04]                      # step-down keeps the order
 
 
 def test_q7_table_and_verdict_from_committed_files(tmp_path, monkeypatch):
@@ -634,3 +635,28 @@ def test_a_warm_up_trained_again_must_match_its_committed_fingerprint(tmp_path, 
     monkeypatch.setattr(study, "adapter_fingerprint", lambda folder: [1, 3])
     with pytest.raises(SystemExit, match="differs from the committed one"):
         study.train("warmup-q8-s1", [], 1, None, (0, 1), 1)
+
+
+def _answers_in(path):
+    """The answers table (its header line to the first blank line) of a file, and the lines before it."""
+    lines = open(path).read().splitlines()
+    start = lines.index("| Q | the paper's claim | setting | verdict | what a user sees |")
+    end = lines.index("", start)
+    return lines[start:end], lines[:start]
+
+
+def test_results_md_opens_with_what_to_run_and_the_answers_of_summary_md():
+    """docs/results.md's first 45 lines say what to run and hold study/summary.md's answers table exactly, a row per
+    question Q1-Q8 (and part 3)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table, before = _answers_in(os.path.join(here, "docs", "results.md"))
+    assert len(before) + len(table) <= 45 and any(line.startswith("**What to run:**") for line in before)
+    assert table == _answers_in(os.path.join(here, "study", "summary.md"))[0]
+    assert [row.split(" | ")[0][2:] for row in table[2:]] == ["Q1", "Q2", "Q3", "Q4", "Part 3", "Q5", "Q6", "Q7", "Q8"]
+
+
+@pytest.mark.slow
+def test_summary_md_answers_are_computed_from_the_plan_and_the_committed_runs():
+    """study/summary.md's answers table is what study.report computes now from plan.ANSWERS and study/runs/."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert _answers_in(os.path.join(here, "study", "summary.md"))[0] == study_report.answer_lines()
