@@ -143,7 +143,7 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
 
 def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, conflict_log=None,
             ranks=None):
-    """One GTPO/GRPO step on B prompts: leaves gradients of the mean loss over B x G completions.
+    """One GTPO/GRPO step on B prompts: leaves gradients of the step's loss over its B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
     gradient pass, a DDP-wrapped gtpo_logprobs.PolicyPass under torchrun. prompts: B chat-formatted

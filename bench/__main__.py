@@ -21,16 +21,19 @@
               in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04; GTPO also "generate"
               (--rollout generate) and "plain" (also --no-share_prompt: G copies of the prompt in
               the gradient pass); and the floor: one generate, one forward+backward of a plain
-              policy-gradient loss, one optimizer step. Decode tokens/s is set beside a bound:
-              G x measured streaming-read bandwidth / bytes of weights (each token reads them all).
+              policy-gradient loss, one optimizer step. Each stage beside the host's limits, measured in
+              the same run: decode tokens/s against G x streaming-read bandwidth / bytes of weights (each
+              token reads them all), forward and backward GFLOP/s (the matmuls of the linear layers and
+              the LM head) against the fp32 matmul peak on the same threads.
 4. paper      (only with --parts paper) one paper-shaped GTPO step, G=12, prompt ~250 tokens, 512
               forced tokens, micro-batches of 4, default against plain; one round after a warm-up.
               Methods alternate within each round; medians over --steps rounds after one warm-up.
 5. reward     (only with --parts reward) rewards.score on hostile completions, each in a fresh
               process; a batch of 24 hostile MATH completions; a case scored from a worker thread.
 6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
-              same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), a fresh
-              process per run, alternating; median step time, GTPO's overhead and where it goes.
+              same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), and
+              step.rl_step with the embedded model's defaults on the same work, a fresh process per run,
+              alternating; median step times, our step over GRPOTrainer's, GTPO's overhead and where it goes.
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
 counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
@@ -85,6 +88,8 @@ def main():
     p.add_argument("--flags", default="", help="step and paper parts: more train.py flags, e.g. '--lora_rank 128'")
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--trl_steps", type=int, default=5, help="trl part: optimizer steps per run (the first is not timed)")
+    p.add_argument("--trl_methods", default="grpo,gtpo,ours", help="trl part: comma-separated subset of grpo "
+                   "(TRL's GRPOTrainer), gtpo (GTPOTrainer), ours (step.rl_step, train.py's step)")
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")

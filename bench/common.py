@@ -1,5 +1,6 @@
 """What the CPU benchmarks (bench/cpu.py, bench/probes.py) and the GPU part (bench/gpu.py) share: the timed prompt,
-the reward that keeps every timed step's work the same, and the memory-bandwidth bound."""
+the reward that keeps every timed step's work the same, and the host's two limits: the memory bandwidth that
+bounds decoding and the matmul peak that bounds the gradient pass."""
 import contextlib
 import os
 import time
@@ -40,6 +41,18 @@ def memory_bandwidth(device, gb=1.0, repeats=5):
         x.sum().item()
         best = min(best, time.perf_counter() - t0)
     return x.numel() * 4 / best
+
+
+def matmul_peak(device, n=2048, repeats=5):
+    """FLOP/s of one large fp32 matmul (n x n times n x n, the best of `repeats`) on the threads this process
+    has: the ceiling for the gradient pass, whose time goes to matmuls of the same kind."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):                                     # the first call warms the kernel up
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
 
 
 def bench_prompt(tok, prompt_tokens):

@@ -8,7 +8,7 @@ import sys
 import torch
 
 import gtpo
-from bench.common import MB, bench_prompt, memory_bandwidth, spread_rewards
+from bench.common import MB, bench_prompt, matmul_peak, memory_bandwidth, spread_rewards
 from models import load_model, pick_dtype
 
 
@@ -29,6 +29,22 @@ def floor_step(model, tok, prompt, new_tokens, G, device, clock):
     clock("forward")
     loss.backward()
     clock("backward")
+
+
+def step_flops(model, policy_tokens, completion_tokens):
+    """Matmul FLOPs of the gradient pass's forward and backward: every nn.Linear of the decoder (LoRA's
+    included) over the tokens through the policy, the LM head over the completion tokens (the chunked head
+    runs only there). Backward: each layer's input gradient, plus the weight gradient of the trainable ones.
+    Attention scores and elementwise work are not counted, so the GFLOP/s it gives are a lower bound."""
+    head = model.get_output_embeddings()
+    fwd = bwd = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m is not head:
+            flops = 2 * m.in_features * m.out_features * policy_tokens
+            fwd += flops
+            bwd += flops * (2 if m.weight.requires_grad else 1)
+    head_flops = 2 * head.weight.shape[0] * head.weight.shape[1] * completion_tokens
+    return fwd + head_flops, bwd + head_flops
 
 
 def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_size=0):
@@ -86,6 +102,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
         shared = name != "floor" and cfgs[name].share_prompt                   # in the gradient pass
         passes = -(-G // micro_batch_size) if micro_batch_size else 1          # each pass computes its prompt once
         med["policy_tokens"] = (P * passes if shared else G * P) + G * new_tokens   # through the policy pass
+        med["forward_flops"], med["backward_flops"] = step_flops(model, med["policy_tokens"], G * new_tokens)
         if cuda:
             med["peak_gpu_gb"] = peaks[name] / 2 ** 30                          # torch.cuda.max_memory_allocated
         out[name] = med
@@ -104,21 +121,41 @@ def print_step_table(title, st):
 STEP_METHODS = ["gtpo", "gtpo logged", "gtpo generate", "gtpo plain", "grpo b=0", "grpo b=0.04", "floor"]
 
 
+def limits(args, st, shape):
+    """Each stage against the host's limits, both measured in this run: sampling in tokens/s against the
+    weight-streaming bound (every decode step reads every weight once, for G rows), forward and backward in
+    GFLOP/s against the fp32 matmul peak on the same threads."""
+    bw, peak = memory_bandwidth(args.device), matmul_peak(args.device)
+    bound = args.G * bw / shape["weight_bytes"]
+    out = {"memory_bandwidth_gb_s": bw / 1e9, "matmul_peak_gflop_s": peak / 1e9, "weight_mb": shape["weight_bytes"] / MB,
+           "bound_tokens_per_s": bound, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "threads": torch.get_num_threads(), **shape}
+    for name, med in st.items():
+        med["fraction_of_bound"] = med["completion_tokens_per_s"] / bound
+        for stage in ("forward", "backward"):
+            if med.get(stage):
+                med[f"{stage}_gflop_s"] = med[f"{stage}_flops"] / med[stage] / 1e9
+                med[f"{stage}_fraction_of_peak"] = med[f"{stage}_flops"] / med[stage] / peak
+    return out
+
+
 def report_step(args, res):
-    """Part 3: one training step per method, per stage; decoding against the memory bound."""
+    """Part 3: one training step per method, per stage; each stage against the host's limits."""
     names = args.methods.split(",") if args.methods else STEP_METHODS
     st, shape = bench_step(args, args.G, args.new_tokens, args.steps, names)
     res["step"] = st
-    bw = memory_bandwidth(args.device)
-    bound = args.G * bw / shape["weight_bytes"]           # each decode step reads every weight once
-    res["decode"] = {"memory_bandwidth_gb_s": bw / 1e9, "weight_mb": shape["weight_bytes"] / MB,
-                     "bound_tokens_per_s": bound, "gtpo_tokens_per_s": st["gtpo"]["completion_tokens_per_s"],
-                     "fraction_of_bound": st["gtpo"]["completion_tokens_per_s"] / bound, **shape}
+    res["decode"] = lim = limits(args, st, shape)
     print_step_table(f"\n3. one step, embedded model, 1 prompt ({shape['prompt_tokens']} tokens) x G={args.G} x "
                      f"{args.new_tokens} tokens (median of {args.steps} after a warm-up, seconds)", st)
-    print(f"   decoding: {st['gtpo']['completion_tokens_per_s']:.1f} tokens/s; bound {bound:.0f} tokens/s = "
-          f"G x {bw / 1e9:.1f} GB/s measured read bandwidth / {shape['weight_bytes'] / MB:.0f} MB of weights "
-          f"({res['decode']['fraction_of_bound']:.0%} of it)")
+    print(f"   limits of this host ({lim['cpu_capability']}, {lim['threads']} threads), measured here: streaming read "
+          f"{lim['memory_bandwidth_gb_s']:.1f} GB/s -> decoding bound {lim['bound_tokens_per_s']:.0f} tokens/s "
+          f"(G x bandwidth / {lim['weight_mb']:.0f} MB of weights); fp32 matmul peak {lim['matmul_peak_gflop_s']:.0f} GFLOP/s")
+    print(f"   {'':14s}{'sampling tok/s':>15s}{'of bound':>9s}{'fwd GFLOP/s':>12s}{'of peak':>8s}"
+          f"{'bwd GFLOP/s':>12s}{'of peak':>8s}")
+    for name, med in st.items():
+        print(f"   {name:14s}{med['completion_tokens_per_s']:15.1f}{med['fraction_of_bound']:9.0%}"
+              f"{med.get('forward_gflop_s', 0):12.1f}{med.get('forward_fraction_of_peak', 0):8.0%}"
+              f"{med.get('backward_gflop_s', 0):12.1f}{med.get('backward_fraction_of_peak', 0):8.0%}")
     ratios = {"gtpo_over_grpo_b0": ("gtpo", "grpo b=0"), "gtpo_over_floor": ("gtpo", "floor"),
               "grpo_b004_over_grpo_b0": ("grpo b=0.04", "grpo b=0"),
               "gtpo_over_generate": ("gtpo", "gtpo generate"), "gtpo_over_plain": ("gtpo", "gtpo plain"),

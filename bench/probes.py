@@ -197,7 +197,38 @@ def probe_trl(cfg, device):
     return {"step_s": [b - a for a, b in zip(ends, ends[1:])], **{k: v[1:] for k, v in added.items()}}
 
 
-PROBES = {"conflict": probe_conflict, "loss": probe_loss, "trl": probe_trl}
+def probe_ours(cfg, device):
+    """step.rl_step -- train.py's step with the embedded model's defaults -- on probe_trl's work: the arithmetic
+    task's prompts in the same format, one prompt x 8 completions forced to cfg["tokens"] tokens, then clip and
+    the optimizer step as train.py's loop does; the wall time of each step after the first."""
+    import dataclasses
+
+    import step
+    import train
+    from bench.common import spread_rewards
+    from config import parse_args
+    from data import format_prompt, load_task, one_shot_example
+    from models import load_model
+    a = parse_args(["--max_completion_length", str(cfg["tokens"]), "--entropy_filter", "all", "--device", "cpu"])
+    a = dataclasses.replace(a, min_new_tokens=cfg["tokens"])
+    torch.manual_seed(a.seed)
+    model, tok, _ = load_model(a.model, lora_rank=a.lora_rank, device="cpu", log=lambda *x: None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, _ = train.make_optimizer(a, params, 1000, log=lambda *x: None)
+    records = load_task("arithmetic", "train")
+    example, times = one_shot_example(records[0]), []
+    for r in records[1:cfg["steps"] + 1]:
+        t0 = time.perf_counter()
+        with spread_rewards():
+            step.rl_step(model, model, tok, [format_prompt(tok, r["question"], example)], [r["answer"]], a)
+        torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return {"step_s": times[1:]}
+
+
+PROBES = {"conflict": probe_conflict, "loss": probe_loss, "trl": probe_trl, "ours": probe_ours}
 
 
 # -----------------------------------------------------------------------------
@@ -258,28 +289,35 @@ def report_loss(args, res):
 
 
 def report_trl(args, res):
-    """Part 6: steps of gtpo_trl.example_trainer, GTPO against TRL's GRPO with the same settings, each
-    run in a fresh process, the methods alternating (order swapped every round); medians over all
-    steps after each run's first."""
+    """Part 6: steps of gtpo_trl.example_trainer, GTPOTrainer against TRL's GRPOTrainer with the same settings, and
+    step.rl_step ("ours", train.py's step) on the same work; each run in a fresh process, the methods alternating
+    (the order rotated every round); medians over all steps after each run's first."""
     import tempfile
-    times = {"grpo": [], "gtpo": []}
-    added = {"entropy_pass": [], "advantages": []}
+    methods = args.trl_methods.split(",")
+    times, added = {m: [] for m in methods}, {"entropy_pass": [], "advantages": []}
     for r in range(args.steps):
-        for method in (("grpo", "gtpo") if r % 2 == 0 else ("gtpo", "grpo")):
+        for method in methods[r % len(methods):] + methods[:r % len(methods)]:
             with tempfile.TemporaryDirectory() as out:
-                got = in_child("trl", {"method": method, "steps": args.trl_steps, "tokens": args.new_tokens,
-                                       "out": out}, "cpu")
+                got = in_child("ours" if method == "ours" else "trl", {"method": method, "steps": args.trl_steps,
+                                                                       "tokens": args.new_tokens, "out": out}, "cpu")
             times[method] += got["step_s"]
-            if method == "gtpo":
-                for k in added:
-                    added[k] += got[k]
+            for k in added if method == "gtpo" else ():
+                added[k] += got[k]
             print(f"  round {r} {method}: steps {' '.join(f'{x:.2f}' for x in got['step_s'])} s", file=sys.stderr)
     med = {m: statistics.median(v) for m, v in times.items()}
     part = {"median_step_s": med, "steps_timed": {m: len(v) for m, v in times.items()},
-            "overhead": med["gtpo"] / med["grpo"] - 1,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **{f"gtpo_{k}_s": statistics.median(v) for k, v in added.items() if v}}
-    res["trl"] = part
+    names = {"grpo": "GRPOTrainer", "gtpo": "GTPOTrainer", "ours": "step.rl_step"}
     print(f"\n6. TRL, embedded model, 8 completions x {args.new_tokens} tokens per step ({args.steps} runs of "
-          f"{args.trl_steps} steps per method, medians of {part['steps_timed']['gtpo']} steps, seconds)")
-    print(f"   GRPOTrainer {med['grpo']:.2f}   GTPOTrainer {med['gtpo']:.2f}   overhead {part['overhead']:+.1%}")
-    print("   in GTPO's step: " + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
+          f"{args.trl_steps} steps per method, medians of the steps after each run's first, seconds; "
+          f"{part['cpu_capability']})")
+    print("   " + "   ".join(f"{names[m]} {med[m]:.2f}" for m in methods))
+    if "gtpo" in med and "grpo" in med:
+        part["overhead"] = med["gtpo"] / med["grpo"] - 1
+        print(f"   GTPOTrainer over GRPOTrainer {part['overhead']:+.1%}; in GTPO's step: "
+              + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
+    if "ours" in med and "grpo" in med:
+        part["ours_over_grpo_trainer"] = med["ours"] / med["grpo"]
+        print(f"   step.rl_step / GRPOTrainer {part['ours_over_grpo_trainer']:.3f}")
+    res["trl"] = part

@@ -87,3 +87,17 @@ def test_the_cap_reaches_torch_with_a_device_index(monkeypatch, device, index):
     assert cap_process(device, 40) == 0.5
     assert seen == {"props": index, "fraction": 0.5, "index": index}
     assert cap_process(device, 120) == 1.0                                      # a cap above the card: the card
+
+
+def test_step_flops_count_every_linear_and_the_head_on_completion_tokens(tiny_lm):
+    """The gradient pass's matmul FLOPs (bench/cpu.py's GFLOP/s): the tiny Llama's 7 projections per layer (q 32x32,
+    k and v 16x32, o 32x32, gate and up 64x32, down 32x64: 9,216 multiply-adds a token) and LoRA r 4 on q, v, up
+    (832) over every token through the policy; the LM head over the completion tokens only. Backward adds the
+    weight gradients of the trainable (LoRA) layers."""
+    from bench.cpu import step_flops
+    model = tiny_lm(lora=True)
+    V = model.get_output_embeddings().weight.shape[0]
+    fwd, bwd = step_flops(model, policy_tokens=10, completion_tokens=6)
+    base, lora, head = 2 * 2 * 9216, 2 * 2 * 832, 2 * 32 * V * 6
+    assert fwd == (base + lora) * 10 + head
+    assert bwd == (base + 2 * lora) * 10 + head
