@@ -1,10 +1,13 @@
-"""The study's plan: each part of docs/study.md as one record (Part) -- its runs (arms x seeds, the warm-up each
-starts from, flags, evaluations) and its tests (the contrast, metric, test and verdict words). study/run.py trains
-and evaluates the jobs these records give (jobs()); study/report.py computes every table, verdict and figure from
-the same records and the committed files in study/runs/.
+"""The study's plan, one concern: what docs/study.md declares, as records. Each part is one Part -- its runs (arms x
+seeds, the warm-up each starts from, flags, evaluations) and its tests (the contrast, metric, test and verdict
+words) -- and each question's row of docs/results.md's opening table is one Answer (the claim and setting in
+words, where its verdict comes from). study/run.py trains and evaluates the jobs these records give (jobs());
+study/report.py computes every table, verdict and figure from the same records and the committed files in
+study/runs/.
 
 Adding a question: write its part in docs/study.md and commit it before its first run; append a Part to PARTS
-with its arms and tests; add a cells function to study/report.py only where its table has columns of its own.
+with its arms and tests, and an Answer to ANSWERS; add a cells function to study/report.py only where its table
+has columns of its own.
 """
 import math
 import os

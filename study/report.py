@@ -3,9 +3,10 @@ study/plan.py and the committed files in study/runs/ alone (docs/study.md declar
 
     python -m study.report                # = python -m study.run --report
 
-One path serves every part: a test (plan.Test) gives paired units, a p and a verdict (study/verdicts.py); the
-questions table gathers the parts' questions; each part with a section adds it (its own table where its cells
-are its own); the cost line sums each part's attempts.
+One concern, the layout of the results: the answers table (a row per plan.ANSWERS entry) opens summary.md; a
+test (plan.Test) gives paired units, a p and a verdict (study/verdicts.py); the questions table gathers the
+parts' questions; each part with a section adds it (its own table where its cells are its own); the cost line
+sums each part's attempts.
 """
 import dataclasses
 import os
