@@ -579,3 +579,71 @@ def test_torchrun_two_processes(tmp_path, tiny_args):
                        capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resumed from" in r.stdout and [x["step"] for x in _rows(out)] == [1, 2, 3]
+
+
+DDP_LOSS_HELPER = '''
+import dataclasses, json, os, sys, torch
+sys.path.insert(0, {here!r})
+sys.path.insert(0, os.path.join({here!r}, "tests"))
+import rewards, runs, step
+from config import Config
+from gtpo_logprobs import PolicyPass
+from models import load_tokenizer
+from rollout import Rollout
+from test_step import _fixed_rollout
+from transformers import AutoModelForCausalLM
+from peft import LoraConfig, get_peft_model
+model_dir, out, loss_type = sys.argv[1:4]
+rank, dist = int(os.environ["RANK"]), runs.Dist("cpu")
+
+def tiny():                                     # conftest.tiny_lm(lora=True), the same weights on every call
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)
+    return model
+
+tok = load_tokenizer(model_dir)
+model = tiny()
+ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)      # 2 prompts x 3 completions, ragged
+by_text = dict(zip(ro.texts, [0., 1, 2, 2, 0, 1]))
+def reward(texts, answers, task, counts=None):
+    r = torch.tensor([float(by_text[t]) for t in texts])
+    return r, r, torch.zeros(len(texts))
+rewards.reward = reward
+cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, entropy_filter="off",
+             loss_type=loss_type)
+mine = Rollout(**{{f.name: getattr(ro, f.name)[rank * 3:(rank + 1) * 3] for f in dataclasses.fields(ro)}})
+step.rollout = lambda *a, **k: mine
+m, _, _ = step.rl_step(model, dist.wrap(PolicyPass(model)), tok, [["p", "q"][rank]], [["1", "2"][rank]], cfg,
+                       ranks=dist)                                      # DDP averages the two ranks' gradients
+loss = dist.mean({{"loss": m["loss"]}})["loss"]
+if rank == 0:
+    one = tiny()                                                        # one process, both prompts
+    step.rollout = lambda *a, **k: ro
+    m1, _, _ = step.rl_step(one, one, tok, ["p", "q"], ["1", "2"], cfg)
+    got = {{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+    want = {{n: p.grad for n, p in one.named_parameters() if p.grad is not None}}
+    with open(out, "w") as f:
+        json.dump({{"names": sorted(got) == sorted(want) and len(got) > 0, "loss_two": loss, "loss_one": m1["loss"],
+                   "max_diff": max((got[n] - want[n]).abs().max().item() for n in want),
+                   "max_grad": max(want[n].abs().max().item() for n in want)}}, f)
+dist.close()
+'''
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_two_ranks_give_the_update_of_one_for_every_loss_type(tmp_path, tiny_model_dir, loss_type):
+    """Under torchrun (gloo), 2 ranks of one prompt each -- their completions 12 and 10 tokens long -- leave the
+    gradients one process leaves with both prompts, for every loss type: dapo divides by the token count over
+    all ranks (step.step_totals), not by each rank's own."""
+    helper, out = tmp_path / "ddp_loss.py", tmp_path / f"{loss_type}.json"
+    helper.write_text(DDP_LOSS_HELPER.format(here=HERE))
+    r = _torchrun(helper, [tiny_model_dir, str(out), loss_type], 29545 + ["grpo", "dapo", "dr_grpo"].index(loss_type))
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert res["names"] and res["max_grad"] > 1e-3
+    assert res["max_diff"] <= 1e-6 + 1e-4 * res["max_grad"]
+    assert res["loss_two"] == pytest.approx(res["loss_one"], abs=1e-6)
