@@ -128,13 +128,12 @@ def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective_fl
             model.zero_grad()
             cfg = dataclasses.replace(base, ent_threshold=threshold, micro_batch_size=mb, **flags)
             m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
-            results.append((m, grads(model)))
+            results.append((m, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
         (m0, g0), others = results[0], results[1:]
-        assert any((v != 0).any() for v in g0.values()), flags
+        assert (g0 != 0).any(), flags
         for m, g in others:
             assert m["loss"] == pytest.approx(m0["loss"], abs=1e-6), flags
-            for n in g0:
-                torch.testing.assert_close(g[n], g0[n], atol=1e-6, rtol=1e-4, msg=f"{flags} {n}")
+            torch.testing.assert_close(g, g0, atol=1e-6, rtol=1e-4, msg=str(flags))     # every LoRA gradient
         filtered.add(0 < m0.get("gtpo/filtered_frac", 0) < 1)
         losses.add(round(m0["loss"], 6))
     assert filtered == {True, False}                    # the filter's active branch is among the cases
