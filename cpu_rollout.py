@@ -4,7 +4,8 @@ A speed-up for CPUs, where it is tested and chosen by default (rollout.resolve_p
 from the same distribution as `model.generate(do_sample=True, top_k=0)` with other random draws.
 On any device `--rollout generate` bypasses all of it.
 
-sample()         merged LoRA -> shared pre-fill -> decode with Blocked linear layers
+sample()         merged LoRA -> shared pre-fill -> decode with cpu_decoder's packed layers (Llama, Qwen2)
+                 or the model's own with Blocked linear layers
 merged_lora      sample with W + scale * B A swapped in for each LoRA layer (base weights untouched)
 Blocked/blocked  nn.Linear as one batched matmul over 16-feature blocks of the weight (few rows)
 FilledStaticLayer, prefill_shared   a pre-allocated KV cache filled once per prompt, shared by G rows
@@ -15,6 +16,8 @@ import contextlib
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
+import cpu_decoder
+from cpu_decoder import lora_factors
 from gtpo_logprobs import positions
 
 
@@ -22,26 +25,21 @@ def sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pa
            top_p=1.0, merge_lora=True):
     """G completions per prompt: ids, attn (B, P) left-padded prompts, P >= 2 -> tokens (B*G, L),
     rows b*G ... b*G+G-1 continuing prompt b. The model is in eval
-    mode and no gradient is recorded (rollout.rollout sees to both)."""
+    mode and no gradient is recorded (rollout.rollout sees to both). With merge_lora, a model
+    cpu_decoder describes decodes through its packed layers (LoRA merged into them); any other
+    through its own forward with Blocked linear layers (LoRA merged by merged_lora, or not)."""
+    last, attn_g = ids.repeat_interleave(group_size, 0)[:, -1:], attn.repeat_interleave(group_size, 0)
+    args = (max_new_tokens, min_new_tokens, eos, pad_id, temperature, top_p)
+    if merge_lora and cpu_decoder.supports(model):
+        dec = cpu_decoder.packed(model)
+        cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
+        return decode(lambda x, pos, seen: dec.step(x[:, 0], pos[:, 0], seen.bool(), cache), last, attn_g, *args)
     with merged_lora(model) if merge_lora else contextlib.nullcontext():
         cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
         with blocked(model):
-            return decode(model, cache, ids.repeat_interleave(group_size, 0)[:, -1:],
-                          attn.repeat_interleave(group_size, 0), max_new_tokens, min_new_tokens, eos, pad_id,
-                          temperature, top_p)
-
-
-def lora_factors(layer):
-    """[(B (out, r), A (r, in), scale), ...] over the active adapters of a PEFT LoRA layer, whose
-    output in eval mode is then x (W + sum scale * B A)^T + bias: [] when no adapter acts (none
-    active, disabled, or already merged into W); None for layers this does not describe (DoRA and
-    other variants, a LoRA bias), which are never merged."""
-    if layer.merged or layer.disable_adapters:
-        return []
-    active = [a for a in layer.active_adapters if a in layer.lora_A]
-    if any(a in layer.lora_variant or layer.lora_bias.get(a) for a in active):
-        return None
-    return [(layer.lora_B[a].weight, layer.lora_A[a].weight, layer.scaling[a]) for a in active]
+            return decode(lambda x, pos, seen: model(input_ids=x, attention_mask=seen, position_ids=pos, cache=cache,
+                                                     use_cache=True, logits_to_keep=1).logits[:, -1],
+                          last, attn_g, *args)
 
 
 @contextlib.contextmanager
@@ -165,19 +163,19 @@ def sample_next(logits, temperature=1.0, top_p=1.0):
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=z.shape[1] - 1)  # never a p = 0 token
 
 
-def decode(model, cache, last_ids, attn, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,
-           top_p=1.0):
+def decode(forward, last_ids, attn, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0, top_p=1.0):
     """Sample completions after a pre-filled cache, one token per row per forward, as
     `generate(do_sample=True, top_k=0)` does: EOS barred before min_new_tokens, rows that have
     emitted an EOS continue with pad_id, and it stops when every row has one.
-    last_ids (N, 1): the prompts' last tokens (not in the cache); attn (N, P) -> (N, L) tokens."""
+    forward(ids (N, 1), positions (N, 1), attention mask (N, S)) -> next-token logits (N, V), the
+    cache's own update included; last_ids (N, 1): the prompts' last tokens (not in the cache);
+    attn (N, P) -> (N, L) tokens."""
     eos_t = torch.tensor(eos, device=last_ids.device)
     pos = positions(attn)[:, -1:]                                     # (N, 1)
     done = torch.zeros(last_ids.shape[0], dtype=torch.bool, device=last_ids.device)
     ids, out = last_ids, []
     for t in range(max_new_tokens):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
-                       logits_to_keep=1).logits[:, -1]                # (N, V)
+        logits = forward(ids, pos, attn)                              # (N, V)
         if t < min_new_tokens:
             logits[:, eos_t] = float("-inf")
         nxt = sample_next(logits, temperature, top_p).masked_fill_(done, pad_id)    # (N,)

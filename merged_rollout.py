@@ -29,7 +29,7 @@ import weakref
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from cpu_rollout import lora_factors
+from cpu_decoder import lora_factors
 
 PAD_MULTIPLE = 64
 ATTENTION = "gtpo_grouped_sdpa"     # the copy's attention implementation (grouped_sdpa), as transformers knows it
