@@ -16,7 +16,6 @@ import weakref
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 BLOCK = 16                  # output features per block of a packed weight
 MODEL_TYPES = ("llama", "qwen2")
@@ -116,6 +115,18 @@ def linear(x, w, bias=None):
     return y if bias is None else y + bias
 
 
+def rms_norm(x, norm):
+    """A Llama/Qwen2 RMSNorm module's output, as one op: x / rms(x) * weight."""
+    return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding of x (N, heads, d) at each row's position: cos, sin (N, 1, d) as the model's
+    rotary module gives them (Llama's rotate-half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 class Layer:
     """One decoder layer: its norms (the model's own modules) and its packed products."""
 
@@ -147,10 +158,11 @@ class Decoder:
         """x (N, D) normed; cache: the layer's cpu_rollout.FilledStaticLayer, written at its next
         position; keep (N, 1, 1, S) the positions each row attends to -> (N, D)."""
         N, H, Hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        q, k, v = layer.qkv(x).split([H * d, Hkv * d, Hkv * d], dim=-1)           # (N, H d), (N, Hkv d) x 2
-        q, k = apply_rotary_pos_emb(q.view(N, H, 1, d), k.view(N, Hkv, 1, d), cos, sin)
+        qk, v = layer.qkv(x).split([(H + Hkv) * d, Hkv * d], dim=-1)              # (N, (H + Hkv) d), (N, Hkv d)
+        qk = rotate(qk.view(N, H + Hkv, d), cos, sin)                             # q and k heads at once
+        q, k = qk[:, :H], qk[:, H:, None]                                          # (N, H, d), (N, Hkv, 1, d)
         t = cache.filled
-        cache.keys[:, :, t:t + 1] = k                                              # (N, Hkv, max_len, d)
+        cache.keys[:, :, t:t + 1] = k                                               # (N, Hkv, max_len, d)
         cache.values[:, :, t:t + 1] = v.view(N, Hkv, 1, d)
         cache.filled = t + 1
         out = F.scaled_dot_product_attention(                                      # query heads grouped on
@@ -166,10 +178,10 @@ class Decoder:
         cos, sin = self.rotary(x[:, None], pos[:, None])                           # (N, 1, d)
         keep = keep[:, None, None, :]                                              # (N, 1, 1, S)
         for layer, layer_cache in zip(self.layers, cache.layers):
-            x = x + self.attention(layer.ln1(x), layer, layer_cache, cos, sin, keep)
-            gate, up = layer.gate_up(layer.ln2(x)).chunk(2, dim=-1)                # (N, I) x 2
+            x = x + self.attention(rms_norm(x, layer.ln1), layer, layer_cache, cos, sin, keep)
+            gate, up = layer.gate_up(rms_norm(x, layer.ln2)).chunk(2, dim=-1)      # (N, I) x 2
             x = x + layer.down(F.silu(gate) * up)
-        return self.head(self.norm(x))
+        return self.head(rms_norm(x, self.norm))
 
 
 _DECODERS = weakref.WeakKeyDictionary()         # model -> its Decoder (gone with the model)
