@@ -65,6 +65,25 @@ def tiny_lm(tiny_model_dir):
     return make
 
 
+@pytest.fixture
+def small_vocab_lm():
+    """A 2-layer random Llama with a 512-token vocabulary and LoRA (r 4 on q, v, up; B drawn non-zero), its
+    LM head scaled by 40 so the next token is peaked: what the distribution tests sample thousands of rows
+    from, where the embedded tokenizer's 49,152 entries would make every draw slow. Token 2 is EOS, 0 pad."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, eos_token_id=2, pad_token_id=0)
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"]))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40.0)
+    return model.eval()
+
+
 def grads(model):
     """{name: gradient} of the parameters that have one."""
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

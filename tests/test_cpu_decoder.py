@@ -111,24 +111,14 @@ def test_greedy_sampling_draws_what_generate_draws(tiny_lm, tiny_model_dir):
     assert torch.equal(ro.completion_ids, want[:, enc["input_ids"].shape[1]:])
 
 
-def test_sampling_draws_from_the_distribution_generate_draws_from():
-    """Temperature 1 and top-p 0.9 through the packed decoder of a small-vocabulary Llama with LoRA, its
-    LM head scaled up (a peaked distribution): over 2,000 rows the first token's frequencies match the exact
-    nucleus probabilities and `generate`'s within 5 binomial standard errors, and the mean per-token
-    log-prob of 6 drawn tokens under the model matches generate's draws within 5 standard errors."""
+@pytest.mark.slow
+def test_sampling_draws_from_the_distribution_generate_draws_from(small_vocab_lm):
+    """Temperature 1 and top-p 0.9 through the packed decoder (a peaked distribution, conftest.small_vocab_lm):
+    over 2,000 rows the first token's frequencies match the exact nucleus probabilities and `generate`'s
+    within 5 binomial standard errors, and the mean per-token log-prob of 6 drawn tokens under the model
+    matches generate's draws within 5 standard errors."""
     import cpu_rollout
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
-    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"]))
-    for n_, p_ in model.named_parameters():
-        if "lora_B" in n_:
-            torch.nn.init.normal_(p_, std=0.1)
-    model.eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(40.0)
+    model = small_vocab_lm
     ids, eos, pad, n = torch.tensor([[5, 17]]), [2], 0, 2000
     attn = torch.ones_like(ids)
     torch.manual_seed(0)
