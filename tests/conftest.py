@@ -84,6 +84,35 @@ def small_vocab_lm():
     return model.eval()
 
 
+def assert_draws_match(model, ids, ours, theirs, top_p, logits_of=None):
+    """Two samplers' draws (n, 6) after the prompt ids (1, P) at temperature 1 and top_p: the first token's
+    frequencies of both within 5 binomial standard errors of the exact nucleus probabilities (from
+    logits_of, default model), among the 5 most likely tokens; and the mean per-token log-prob of the
+    draws under `model` equal within 5 standard errors."""
+    n = len(ours)
+    with torch.no_grad():
+        logits = (logits_of or model)(input_ids=ids).logits[0, -1].float()
+    ascending, order = logits.sort()
+    drop = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
+    drop[-1] = False
+    p = logits.masked_fill(drop.scatter(0, order, drop), float("-inf")).softmax(-1)   # the nucleus, exact
+    top = p.topk(5).indices
+    top = top[p[top] > 0]
+    assert p[top].sum() > 0.4                                                         # peaked enough to test
+    for t in top:
+        se = (p[t] * (1 - p[t]) / n).sqrt()
+        f_ours, f_theirs = (ours[:, 0] == t).float().mean(), (theirs[:, 0] == t).float().mean()
+        assert abs(f_ours - p[t]) < 5 * se and abs(f_theirs - p[t]) < 5 * se, (t, f_ours, f_theirs, p[t])
+
+    def logprobs(comp):                                                               # (n,) mean over the tokens
+        with torch.no_grad():
+            lp = model(input_ids=torch.cat([ids.repeat(len(comp), 1), comp], 1)).logits[:, ids.shape[1] - 1:-1]
+        return lp.float().log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1).mean(1)
+    a, b = logprobs(ours), logprobs(theirs)
+    se = ((a.var() + b.var()) / n).sqrt()
+    assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
+
+
 def grads(model):
     """{name: gradient} of the parameters that have one."""
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import cpu_decoder
+from conftest import assert_draws_match
 from cpu_rollout import prefill_shared
 from gtpo_logprobs import positions
 from models import load_tokenizer
@@ -129,23 +130,4 @@ def test_sampling_draws_from_the_distribution_generate_draws_from(small_vocab_lm
         theirs = model.generate(input_ids=ids.repeat(n, 1), attention_mask=attn.repeat(n, 1), do_sample=True,
                                 temperature=1.0, top_p=0.9, top_k=0, max_new_tokens=6, min_new_tokens=6,
                                 eos_token_id=eos, pad_token_id=pad)[:, ids.shape[1]:]
-        logits = model(input_ids=ids).logits[0, -1].float()
-    ascending, order = logits.sort()
-    drop = ascending.softmax(-1).cumsum(-1) <= 0.1
-    drop[-1] = False
-    p = logits.masked_fill(drop.scatter(0, order, drop), float("-inf")).softmax(-1)   # the nucleus, exact
-    top = p.topk(5).indices
-    top = top[p[top] > 0]
-    assert p[top].sum() > 0.4                                                         # peaked enough to test
-    for t in top:
-        se = (p[t] * (1 - p[t]) / n).sqrt()
-        f_ours, f_theirs = (ours[:, 0] == t).float().mean(), (theirs[:, 0] == t).float().mean()
-        assert abs(f_ours - p[t]) < 5 * se and abs(f_theirs - p[t]) < 5 * se, (t, f_ours, f_theirs, p[t])
-
-    def logprobs(comp):                                                               # (n,) mean over 6 tokens
-        with torch.no_grad():
-            lp = model(input_ids=torch.cat([ids.repeat(len(comp), 1), comp], 1)).logits[:, ids.shape[1] - 1:-1]
-        return lp.float().log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1).mean(1)
-    a, b = logprobs(ours), logprobs(theirs)
-    se = ((a.var() + b.var()) / n).sqrt()
-    assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
+    assert_draws_match(model, ids, ours, theirs, 0.9)
