@@ -5,15 +5,15 @@ At the few rows of a decode step the time goes to reading weights and to per-op 
 computes the same layers as transformers' Llama (RMSNorm, rotary, grouped-query attention, SwiGLU)
 with fewer, larger matmuls -- q, k and v as one, gate and up as one -- over weights packed for
 few-row products, each LoRA merged into its packed copy. The same outputs up to float summation order.
+The packed copies live for one rollout: kept between rollouts they would add the weights' size to the
+gradient pass's peak memory.
 
 lora_factors(layer)  what a PEFT LoRA layer adds to its base weight (also merged_rollout's and cpu_rollout's)
 supports(model)      a Llama/Qwen2-style model with plain float Linear layers on CPU and mergeable LoRA
-packed(model)        the model's one Decoder, its packed weights rewritten in place from the current ones
+Decoder(model)       packed copies of the model's current weights (one rollout's), and its decode step:
 Decoder.step         (ids, positions, keep, cache) -> next-token logits
 linear(x, w)         x times a weight packed as (out/16, in, 16) blocks
 """
-import weakref
-
 import torch
 import torch.nn.functional as F
 
@@ -67,8 +67,9 @@ def supports(model):
 
 
 class Packed:
-    """The modules of one fused product (q, k, v; gate, up; ...) and their weights stacked in one
-    buffer: (out/16, in, 16) when every module's output size is a multiple of 16, else (out, in)."""
+    """The modules of one fused product (q, k, v; gate, up; ...) and their current weights, LoRA
+    merged, stacked in one buffer: (out/16, in, 16) when every module's output size is a multiple
+    of 16, else (out, in)."""
 
     def __init__(self, modules):
         ws = [_linear(m).weight for m in modules]
@@ -80,10 +81,11 @@ class Packed:
         biases = [_linear(m).bias for m in modules]
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, ws)])
+        self.write()
 
     @torch.no_grad()
-    def refresh(self):
-        """Write each module's current W + sum scale * B A into its slice of the buffer, in place."""
+    def write(self):
+        """Write each module's W + sum scale * B A into its slice of the buffer."""
         start = 0
         for m, n in zip(self.modules, self.sizes):
             w = _linear(m).weight                                               # (n, in)
@@ -137,8 +139,8 @@ class Layer:
 
 
 class Decoder:
-    """A model's decode step over packed copies of its weights (buffers made once; refresh() rewrites
-    them from the current weights); embeddings, norms and rotary frequencies are the model's own."""
+    """A model's decode step over packed copies of its current weights; embeddings, norms and rotary
+    frequencies are the model's own modules."""
 
     def __init__(self, model):
         base = _base(model)
@@ -149,10 +151,6 @@ class Decoder:
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.layers = [Layer(layer) for layer in inner.layers]
         self.head = Packed([base.get_output_embeddings()])
-
-    def refresh(self):
-        for p in [self.head] + [p for layer in self.layers for p in layer.products]:
-            p.refresh()
 
     def attention(self, x, layer, cache, cos, sin, keep):
         """x (N, D) normed; cache: the layer's cpu_rollout.FilledStaticLayer, written at its next
@@ -182,16 +180,3 @@ class Decoder:
             gate, up = layer.gate_up(rms_norm(x, layer.ln2)).chunk(2, dim=-1)      # (N, I) x 2
             x = x + layer.down(F.silu(gate) * up)
         return self.head(rms_norm(x, self.norm))
-
-
-_DECODERS = weakref.WeakKeyDictionary()         # model -> its Decoder (gone with the model)
-
-
-def packed(model):
-    """The model's Decoder (made at its first rollout, kept: no new buffers each time), rewritten
-    from the current weights and adapters."""
-    d = _DECODERS.get(model)
-    if d is None:
-        d = _DECODERS[model] = Decoder(model)
-    d.refresh()
-    return d

@@ -31,7 +31,7 @@ def sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pa
     last, attn_g = ids.repeat_interleave(group_size, 0)[:, -1:], attn.repeat_interleave(group_size, 0)
     args = (max_new_tokens, min_new_tokens, eos, pad_id, temperature, top_p)
     if merge_lora and cpu_decoder.supports(model):
-        dec = cpu_decoder.packed(model)
+        dec = cpu_decoder.Decoder(model)
         cache = prefill_shared(model, ids, attn, group_size, max_new_tokens)
         return decode(lambda x, pos, seen: dec.step(x[:, 0], pos[:, 0], seen.bool(), cache), last, attn_g, *args)
     with merged_lora(model) if merge_lora else contextlib.nullcontext():
