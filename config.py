@@ -114,7 +114,8 @@ class Config:
     dtype: str = flag("auto", "weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)",
                       choices=["auto", "float32", "bfloat16"])
     seed: int = flag(3407, "random seed")
-    sft_warmup_steps: int = flag(0, "SFT steps (batch_size x G worked solutions each) before RL")
+    sft_warmup_steps: int = flag(0, "SFT steps (batch_size x G worked solutions each) before RL; its last "
+                                 "is saved as checkpoint-N, RL's start")
     # ---- the objective
     beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective")
     clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective")

@@ -284,8 +284,9 @@ def main():
     p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo",
                    help="grpo: TRL's GRPOTrainer with the same settings")
     p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
+    p.add_argument("--max_completion_length", type=int, default=96)
     a = p.parse_args()
-    trainer = example_trainer(a.method, a.max_steps, a.output_dir)
+    trainer = example_trainer(a.method, a.max_steps, a.output_dir, max_completion_length=a.max_completion_length)
     trainer.train()
     final, metrics = os.path.join(a.output_dir, "final"), os.path.join(a.output_dir, "metrics.jsonl")
     trainer.save_model(final)                                       # the LoRA adapter and the tokenizer

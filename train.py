@@ -241,7 +241,8 @@ def train(cfg, dist, stop):
             bar.set_postfix({short: round(m[key], 3) for key, short in BAR.items() if key in m})
             nonfinite_run = check_finite(cfg, k, 0 if finite else nonfinite_run + 1)
             stopping = any(dist.gather(stop.signal is not None))
-            if (k + 1) % cfg.save_steps == 0 or k + 1 == total or stopping:
+            warmup_end = warmup and k + 1 == cfg.sft_warmup_steps      # RL's start, for eval.py beside final/
+            if (k + 1) % cfg.save_steps == 0 or k + 1 == total or stopping or warmup_end:
                 checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
             if stopping:
                 bar.close()

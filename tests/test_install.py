@@ -139,7 +139,8 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
         steps = [row for row in json.load(f)["log_history"] if "reward" in row]
     assert len(steps) == 2 and any(row["reward_std"] > 0 for row in steps)            # rewards earned, and spread
     out = tmp_path / "example"
-    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--output_dir", str(out)],
+    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--max_completion_length", "16",
+                        "--output_dir", str(out)],
                        cwd=HERE, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"done: adapter in {out / 'final'}" in r.stdout and (out / "final" / "adapter_config.json").is_file()

@@ -127,6 +127,7 @@ def test_embedded_two_steps_then_resume(tmp_path, train_cli):
     assert [row["step"] for row in rows] == [1, 2]
     assert os.path.isfile(os.path.join(out, "checkpoint-2", "adapter_model.safetensors"))
     assert os.path.isfile(os.path.join(out, "checkpoint-2", "trainer_state.pt"))
+    assert os.path.isfile(os.path.join(out, "checkpoint-1", "adapter_model.safetensors"))   # the warm-up's end
     assert os.path.getsize(os.path.join(out, "samples.jsonl")) > 0
     assert "entropy filter" in r.stdout                               # the Eq. 6 decision is logged
     # the same command again is refused; with --resume (the longer run named) it continues to step 3
