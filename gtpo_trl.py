@@ -276,7 +276,7 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
                    args=config(**{**settings, **kw}), train_dataset=example_dataset(tok))
 
 
-def main():
+def main(argv=None):
     import argparse
     p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)",
                                 allow_abbrev=False)
@@ -285,7 +285,7 @@ def main():
                    help="grpo: TRL's GRPOTrainer with the same settings")
     p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
     p.add_argument("--max_completion_length", type=int, default=96)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     trainer = example_trainer(a.method, a.max_steps, a.output_dir, max_completion_length=a.max_completion_length)
     trainer.train()
     final, metrics = os.path.join(a.output_dir, "final"), os.path.join(a.output_dir, "metrics.jsonl")

@@ -143,3 +143,21 @@ def train_cli():
     def run(*args, timeout=900):
         return subprocess.run(train_cmd(*args), cwd=HERE, capture_output=True, text=True, env=ENV, timeout=timeout)
     return run
+
+
+@pytest.fixture
+def train_here():
+    """train_here(*args) -> CompletedProcess of train.cli(ARGS) in this process: the exit code and the
+    stdout/stderr text `python train.py ARGS` gives, without a fresh interpreter's imports. For runs
+    that need a process of their own (a kill, a signal), train_cli."""
+    import contextlib
+    import io
+
+    import train
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = train.cli([str(a) for a in args])
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return run

@@ -104,13 +104,13 @@ def test_the_logged_lr_is_the_rate_the_step_used():
 
 
 @pytest.mark.slow
-def test_the_command_line_refuses_an_abbreviation_and_takes_hyphens(tmp_path, tiny_args):
-    """`python train.py --max_step 1` fails in one line; `--max-steps 1` trains one step."""
-    cmd = [sys.executable, "train.py"]
-    r = subprocess.run(cmd + ["--max_step", "1"], cwd=HERE, capture_output=True, text=True, env=ENV, timeout=300)
+def test_the_command_line_refuses_an_abbreviation_and_takes_hyphens(tmp_path, tiny_args, train_here):
+    """`python train.py --max_step 1` fails in one line (the whole process's stderr); `--max-steps 1`
+    trains one step."""
+    r = subprocess.run([sys.executable, "train.py", "--max_step", "1"], cwd=HERE, capture_output=True, text=True,
+                       env=ENV, timeout=300)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--max_steps" in r.stderr
     out = tmp_path / "run"
-    r = subprocess.run(cmd + [*tiny_args(out), "--max-steps", "1"], cwd=HERE, capture_output=True, text=True, env=ENV,
-                       timeout=600)
+    r = train_here(*tiny_args(out), "--max-steps", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.path.isdir(out / "final")

@@ -113,13 +113,16 @@ def _readme_trl_snippet():
 
 
 @pytest.mark.slow
-def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
+def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys):
     """README "GTPO from TRL": after `pip install .` the snippet runs as written from a folder outside the clone
     (nothing of the clone on the path), earns rewards that differ within a group (so a gradient flows) and
     writes under runs/; `python gtpo_trl.py --max_steps 1` leaves an adapter and metrics that eval.py reads;
     the [trl] extra names what they import."""
     pytest.importorskip("trl")
     import tomllib
+
+    import gtpo_trl
+    from eval import main as eval_main
     with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
         extra = tomllib.load(f)["project"]["optional-dependencies"]["trl"]
     assert {d.split(">")[0].split("=")[0].split("<")[0] for d in extra} >= {"trl", "transformers", "peft", "datasets",
@@ -138,15 +141,12 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path):
     with open(user / "runs" / "gtpo-trl-snippet" / "checkpoint-2" / "trainer_state.json") as f:
         steps = [row for row in json.load(f)["log_history"] if "reward" in row]
     assert len(steps) == 2 and any(row["reward_std"] > 0 for row in steps)            # rewards earned, and spread
-    out = tmp_path / "example"
-    r = subprocess.run([sys.executable, "gtpo_trl.py", "--max_steps", "1", "--max_completion_length", "16",
-                        "--output_dir", str(out)],
-                       cwd=HERE, capture_output=True, text=True, timeout=900, env=ENV)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"done: adapter in {out / 'final'}" in r.stdout and (out / "final" / "adapter_config.json").is_file()
+    out = tmp_path / "example"                                        # `python gtpo_trl.py ...`, in this process
+    gtpo_trl.main(["--max_steps", "1", "--max_completion_length", "16", "--output_dir", str(out)])
+    assert f"done: adapter in {out / 'final'}" in capsys.readouterr().out
+    assert (out / "final" / "adapter_config.json").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["learning_rate"] > 0 and "train_runtime" in rows[-1]      # the one step moved the weights
-    r = subprocess.run([sys.executable, "eval.py", "--adapter", str(out / "final"), "--limit", "1", "--n_samples", "1",
-                        "--max_completion_length", "16", "--output_dir", str(tmp_path / "eval")],
-                       cwd=HERE, capture_output=True, text=True, timeout=600, env=ENV)
-    assert r.returncode == 0 and (tmp_path / "eval" / "results.json").is_file(), r.stderr[-3000:]
+    assert eval_main(["--adapter", str(out / "final"), "--limit", "1", "--n_samples", "1",
+                      "--max_completion_length", "16", "--output_dir", str(tmp_path / "eval")]) == 0
+    assert (tmp_path / "eval" / "results.json").is_file()

@@ -40,15 +40,19 @@ def _wait_for(pred, proc, timeout=600):
 # -----------------------------------------------------------------------------
 # crash safety
 
-def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli):
-    """The embedded model (its rewards vary, so GTPO really updates): 1 SFT warm-up step then
-    2 GTPO steps, checkpoints every step. One run goes straight through; the other is SIGKILLed
-    after checkpoint-2 (its first GTPO step) is written and resumed. Same final adapter, bit for bit."""
-    common = ["--max_steps", "3", "--save_steps", "1", "--generation_size", "4", "--max_completion_length", "24",
+def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
+    """The demo's shape on the embedded model (its rewards vary, so GTPO really updates): 1 SFT warm-up step
+    then 2 GTPO steps. Run a goes straight through: the warm-up's end is checkpoint-1, --save_steps 2 adds
+    checkpoint-2, the Eq. 6 decision is logged. Run b is SIGKILLed after checkpoint-2 (its first GTPO step) is
+    written; the same command again is refused, --resume continues. Same final adapter, bit for bit."""
+    common = ["--max_steps", "3", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "24",
               "--sft_warmup_steps", "1", "--ent_ini_prompts", "2", "--seed", "5"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     r = train_cli("--output_dir", a, *common)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "entropy filter" in r.stdout                               # the Eq. 6 decision is logged
+    assert os.path.isfile(os.path.join(a, "checkpoint-1", "adapter_model.safetensors"))   # the warm-up's end
+    assert os.path.getsize(os.path.join(a, "samples.jsonl")) > 0
 
     p = subprocess.Popen(_cmd("--output_dir", b, *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=ENV)
@@ -60,6 +64,8 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli):
     os.makedirs(os.path.join(b, "checkpoint-3.tmp"))
     with open(os.path.join(b, "checkpoint-3.tmp", "adapter_model.safetensors"), "w") as f:
         f.write("partial")
+    r = train_here("--output_dir", b, *common)
+    assert r.returncode == 2 and "--resume" in r.stderr                # a run is there: resume it or move it
     r = train_cli("--output_dir", b, "--resume", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
@@ -78,7 +84,7 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli):
     assert state["step"] == 3
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_cli):
+def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_here):
     out = str(tmp_path / "run")
     common = tiny_args(out, generation_size=2, max_completion_length=8, save_steps=1000)
     p = subprocess.Popen(_cmd("--max_steps", "10000", *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -91,20 +97,20 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, tiny_args, train_
     last = _rows(out)[-1]["step"]
     assert f"stopped after step {last} of 10000" in stdout and "--resume" in stdout
     assert os.path.isfile(os.path.join(out, f"checkpoint-{last}", "trainer_state.pt"))
-    r = train_cli("--max_steps", str(last + 1), "--resume", "--allow_changes", "max_steps", *common, timeout=300)
+    r = train_here("--max_steps", str(last + 1), "--resume", "--allow_changes", "max_steps", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in _rows(out)] == list(range(1, last + 2))
 
 
-def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, tiny_args, train_cli):
+def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, tiny_args, train_here):
     out = str(tmp_path / "run")
     flags = tiny_args(out, save_steps=1, max_completion_length=4)
-    assert train_cli(*flags, "--max_steps", "2", timeout=300).returncode == 0
+    assert train_here(*flags, "--max_steps", "2").returncode == 0
     metrics = os.path.join(out, "metrics.jsonl")
     good = _bytes(metrics)
     with open(metrics, "ab") as f:
         f.write(b'{"step": 3, "loss": 0.1, "rew')                          # what kill -9 mid-write leaves
-    r = train_cli(*flags, "--max_steps", "3", "--resume", "--allow_changes", "max_steps", timeout=300)
+    r = train_here(*flags, "--max_steps", "3", "--resume", "--allow_changes", "max_steps")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "metrics.jsonl: dropped a torn last line (3)" in r.stdout
     assert [x["step"] for x in _rows(out)] == [1, 2, 3]
@@ -112,16 +118,16 @@ def test_torn_last_line_is_dropped_but_a_torn_middle_line_is_an_error(tmp_path, 
     with open(metrics, "wb") as f:
         f.write(good.replace(b'"step": 1,', b'"step": 1,,'))
     broken = _bytes(metrics)
-    r = train_cli(*flags, "--max_steps", "4", "--resume", "--allow_changes", "max_steps", timeout=300)
+    r = train_here(*flags, "--max_steps", "4", "--resume", "--allow_changes", "max_steps")
     assert r.returncode == 2 and "metrics.jsonl:1: malformed JSON line" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and _bytes(metrics) == broken
 
 
-def test_unreadable_config_is_a_clear_error(tmp_path, tiny_args, train_cli):
+def test_unreadable_config_is_a_clear_error(tmp_path, tiny_args, train_here):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.json").write_text('{"method": "gtpo", "mod')
-    r = train_cli(*tiny_args(out, max_steps=1), "--resume", timeout=300)
+    r = train_here(*tiny_args(out, max_steps=1), "--resume")
     assert r.returncode == 2 and "config.json is unreadable" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -294,7 +300,7 @@ def test_random_kill9_during_eval_then_resume_gives_the_same_results(tmp_path, t
 # -----------------------------------------------------------------------------
 # bad input: one clear message, exit code 2, nothing lost
 
-def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir, train_cli):
+def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir, train_here):
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": \n')
     no_cfg = tmp_path / "not_a_model"
@@ -308,7 +314,7 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_model_dir, train_cli):
         (["--generation_size", "1"], "need G >= 2"),
     ]
     for args, msg in cases:
-        r = train_cli("--output_dir", str(tmp_path / "x"), *args, timeout=300)
+        r = train_here("--output_dir", str(tmp_path / "x"), *args)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
 
@@ -318,18 +324,18 @@ def _bytes(path):
         return f.read()
 
 
-def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_cli):
+def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_here):
     out = str(tmp_path / "run")
 
     def args(**over):
         return tiny_args(**{"out": out, "generation_size": 2, "max_completion_length": 4, "max_steps": 1, **over})
-    assert train_cli(*args(), timeout=300).returncode == 0
+    assert train_here(*args()).returncode == 0
     before = {f: _bytes(os.path.join(out, f)) for f in ("metrics.jsonl", "config.json")}
     w_before = _adapter(os.path.join(out, "checkpoint-1"))
     for argv, msg in [(args(lora_rank="8") + ["--resume"], "lora_rank: 4 there vs 8 now"),
                       (args(generation_size="3") + ["--resume"], "generation_size: 2 there vs 3 now"),
                       (args(), "already holds a run")]:
-        r = train_cli(*argv, timeout=300)
+        r = train_here(*argv)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-2000:])
         assert {f: _bytes(os.path.join(out, f)) for f in before} == before
         w = _adapter(os.path.join(out, "checkpoint-1"))
@@ -342,7 +348,7 @@ def test_resume_refusals_keep_the_run_intact(tmp_path, tiny_args, train_cli):
         f.write(before["config.json"])
     with open(os.path.join(empty, "metrics.jsonl"), "w") as f:
         f.write('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')              # rows of the lost steps, torn
-    r = train_cli(*args(out=empty), "--resume", timeout=300)
+    r = train_here(*args(out=empty), "--resume")
     assert r.returncode == 0 and "has no checkpoint yet; starting from step 0" in r.stdout, r.stderr[-2000:]
     assert "dropped a torn last line (2)" in r.stdout
     assert [x["step"] for x in _rows(empty)] == [1] and _rows(empty)[0]["loss"] == _rows(out)[0]["loss"]
@@ -593,7 +599,7 @@ from rollout import Rollout
 from test_step import _fixed_rollout
 from transformers import AutoModelForCausalLM
 from peft import LoraConfig, get_peft_model
-model_dir, out, loss_type = sys.argv[1:4]
+model_dir, out, loss_types = sys.argv[1], sys.argv[2], sys.argv[3:]
 rank, dist = int(os.environ["RANK"]), runs.Dist("cpu")
 
 def tiny():                                     # conftest.tiny_lm(lora=True), the same weights on every call
@@ -606,44 +612,51 @@ def tiny():                                     # conftest.tiny_lm(lora=True), t
     return model
 
 tok = load_tokenizer(model_dir)
-model = tiny()
-ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)      # 2 prompts x 3 completions, ragged
+ro = _fixed_rollout(tok, tiny().config.vocab_size, 2, 3, P=6, L=5)      # 2 prompts x 3 completions, ragged
 by_text = dict(zip(ro.texts, [0., 1, 2, 2, 0, 1]))
 def reward(texts, answers, task, counts=None):
     r = torch.tensor([float(by_text[t]) for t in texts])
     return r, r, torch.zeros(len(texts))
 rewards.reward = reward
-cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, entropy_filter="off",
-             loss_type=loss_type)
 mine = Rollout(**{{f.name: getattr(ro, f.name)[rank * 3:(rank + 1) * 3] for f in dataclasses.fields(ro)}})
-step.rollout = lambda *a, **k: mine
-m, _, _ = step.rl_step(model, dist.wrap(PolicyPass(model)), tok, [["p", "q"][rank]], [["1", "2"][rank]], cfg,
-                       ranks=dist)                                      # DDP averages the two ranks' gradients
-loss = dist.mean({{"loss": m["loss"]}})["loss"]
+results = {{}}
+for loss_type in loss_types:
+    cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4,
+                 entropy_filter="off", loss_type=loss_type)
+    model = tiny()
+    step.rollout = lambda *a, **k: mine
+    m, _, _ = step.rl_step(model, dist.wrap(PolicyPass(model)), tok, [["p", "q"][rank]], [["1", "2"][rank]], cfg,
+                           ranks=dist)                                  # DDP averages the two ranks' gradients
+    loss = dist.mean({{"loss": m["loss"]}})["loss"]
+    if rank == 0:
+        one = tiny()                                                    # one process, both prompts
+        step.rollout = lambda *a, **k: ro
+        m1, _, _ = step.rl_step(one, one, tok, ["p", "q"], ["1", "2"], cfg)
+        got = {{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+        want = {{n: p.grad for n, p in one.named_parameters() if p.grad is not None}}
+        results[loss_type] = {{"names": sorted(got) == sorted(want) and len(got) > 0, "loss_two": loss,
+                              "loss_one": m1["loss"],
+                              "max_diff": max((got[n] - want[n]).abs().max().item() for n in want),
+                              "max_grad": max(want[n].abs().max().item() for n in want)}}
 if rank == 0:
-    one = tiny()                                                        # one process, both prompts
-    step.rollout = lambda *a, **k: ro
-    m1, _, _ = step.rl_step(one, one, tok, ["p", "q"], ["1", "2"], cfg)
-    got = {{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
-    want = {{n: p.grad for n, p in one.named_parameters() if p.grad is not None}}
     with open(out, "w") as f:
-        json.dump({{"names": sorted(got) == sorted(want) and len(got) > 0, "loss_two": loss, "loss_one": m1["loss"],
-                   "max_diff": max((got[n] - want[n]).abs().max().item() for n in want),
-                   "max_grad": max(want[n].abs().max().item() for n in want)}}, f)
+        json.dump(results, f)
 dist.close()
 '''
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
-def test_two_ranks_give_the_update_of_one_for_every_loss_type(tmp_path, tiny_model_dir, loss_type):
+def test_two_ranks_give_the_update_of_one_for_every_loss_type(tmp_path, tiny_model_dir):
     """Under torchrun (gloo), 2 ranks of one prompt each -- their completions 12 and 10 tokens long -- leave the
     gradients one process leaves with both prompts, for every loss type: dapo divides by the token count over
     all ranks (step.step_totals), not by each rank's own."""
-    helper, out = tmp_path / "ddp_loss.py", tmp_path / f"{loss_type}.json"
+    loss_types = ["grpo", "dapo", "dr_grpo"]
+    helper, out = tmp_path / "ddp_loss.py", tmp_path / "losses.json"
     helper.write_text(DDP_LOSS_HELPER.format(here=HERE))
-    r = _torchrun(helper, [tiny_model_dir, str(out), loss_type], 29545 + ["grpo", "dapo", "dr_grpo"].index(loss_type))
+    r = _torchrun(helper, [tiny_model_dir, str(out), *loss_types], 29545)
     assert r.returncode == 0, r.stderr[-4000:]
-    res = json.loads(out.read_text())
-    assert res["names"] and res["max_grad"] > 1e-3
-    assert res["max_diff"] <= 1e-6 + 1e-4 * res["max_grad"]
-    assert res["loss_two"] == pytest.approx(res["loss_one"], abs=1e-6)
+    results = json.loads(out.read_text())
+    assert sorted(results) == sorted(loss_types)
+    for loss_type, res in results.items():
+        assert res["names"] and res["max_grad"] > 1e-3, loss_type
+        assert res["max_diff"] <= 1e-6 + 1e-4 * res["max_grad"], (loss_type, res)
+        assert res["loss_two"] == pytest.approx(res["loss_one"], abs=1e-6), (loss_type, res)

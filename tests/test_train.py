@@ -115,35 +115,6 @@ def test_measuring_h_ini_leaves_the_sampling_stream_alone(tmp_path, tiny_args, m
     assert len(texts["grpo"]) == 4 and texts["gtpo-auto"] == texts["gtpo-off"] == texts["grpo"]
 
 
-@pytest.mark.slow
-def test_embedded_two_steps_then_resume(tmp_path, train_cli):
-    out = str(tmp_path / "demo")
-    # the demo profile: step 1 is the SFT warm-up, steps 2-3 are GTPO
-    common = ["--output_dir", out, "--generation_size", "2", "--max_completion_length", "16",
-              "--ent_ini_prompts", "2", "--save_steps", "2", "--sft_warmup_steps", "1"]
-    r = train_cli("--max_steps", "2", *common)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = _rows(out)
-    assert [row["step"] for row in rows] == [1, 2]
-    assert os.path.isfile(os.path.join(out, "checkpoint-2", "adapter_model.safetensors"))
-    assert os.path.isfile(os.path.join(out, "checkpoint-2", "trainer_state.pt"))
-    assert os.path.isfile(os.path.join(out, "checkpoint-1", "adapter_model.safetensors"))   # the warm-up's end
-    assert os.path.getsize(os.path.join(out, "samples.jsonl")) > 0
-    assert "entropy filter" in r.stdout                               # the Eq. 6 decision is logged
-    # the same command again is refused; with --resume (the longer run named) it continues to step 3
-    r = train_cli("--max_steps", "3", *common)
-    assert r.returncode == 2 and "--resume" in r.stderr
-    r = train_cli("--max_steps", "3", "--resume", "--allow_changes", "max_steps", *common)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
-    rows = _rows(out)
-    assert [row["step"] for row in rows] == [1, 2, 3]
-    assert [row["phase"] for row in rows] == ["sft", "rl", "rl"]
-    state = torch.load(os.path.join(out, "checkpoint-3", "trainer_state.pt"), map_location="cpu",
-                       weights_only=False)
-    assert state["step"] == 3
-
-
 @pytest.mark.parametrize("args,msg", [
     (["--generation_size", "1"], "need G >= 2"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
@@ -514,10 +485,10 @@ def test_the_authors_readme_command_parses_as_listing_1():
 
 @pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.needs_data
-def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, tiny_model_dir, train_cli):
+def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, tiny_model_dir, train_here):
     out = tmp_path / "run"
-    r = train_cli(*AUTHORS_COMMAND.split()[2:], "--model", tiny_model_dir, "--max_steps", "1",
-                  "--max_completion_length", "8", "--ent_ini_prompts", "2", "--output_dir", str(out))
+    r = train_here(*AUTHORS_COMMAND.split()[2:], "--model", tiny_model_dir, "--max_steps", "1",
+                   "--max_completion_length", "8", "--ent_ini_prompts", "2", "--output_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = _rows(str(out))
     assert [r_["step"] for r_ in rows] == [1] and rows[0]["completions/mean_length"] <= 8
