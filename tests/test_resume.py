@@ -597,7 +597,7 @@ from gtpo_logprobs import PolicyPass
 from models import load_tokenizer
 from rollout import Rollout
 from test_step import _fixed_rollout
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 from peft import LoraConfig, get_peft_model
 model_dir, out, loss_types = sys.argv[1], sys.argv[2], sys.argv[3:]
 rank, dist = int(os.environ["RANK"]), runs.Dist("cpu")
@@ -612,7 +612,7 @@ def tiny():                                     # conftest.tiny_lm(lora=True), t
     return model
 
 tok = load_tokenizer(model_dir)
-ro = _fixed_rollout(tok, tiny().config.vocab_size, 2, 3, P=6, L=5)      # 2 prompts x 3 completions, ragged
+ro = _fixed_rollout(tok, AutoConfig.from_pretrained(model_dir).vocab_size, 2, 3, P=6, L=5)   # 2 prompts x 3, ragged
 by_text = dict(zip(ro.texts, [0., 1, 2, 2, 0, 1]))
 def reward(texts, answers, task, counts=None):
     r = torch.tensor([float(by_text[t]) for t in texts])
