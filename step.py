@@ -4,6 +4,8 @@ the benchmarks (bench/) time.
 rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
            -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
 sft_step   token NLL of the worked solution in the tag format, backward
+micro_batches  which completions each forward/backward takes: longest first within a group, each micro-batch
+           as wide as its longest completion
 step_totals  the step's completions and tokens (over all ranks), which gtpo.aggregate -- the one
            place where per-token terms become the loss (--loss_type) -- divides every micro-batch by
 initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
@@ -99,16 +101,29 @@ def entropy_grad(cfg):
     return cfg.entropy_term == "eq7" and cfg.ent_gamma != 0 and (cfg.method == "gtpo" or cfg.gate != "off")
 
 
-def prompt_rows(ro, s, n, G, share):
-    """Prompt inputs for completions s ... s+n-1: (prompt_ids, prompt_mask, prompt_index).
-    Shared: one row per prompt and the index of each completion's prompt (PolicyPass); else one
-    row per completion and None."""
+def micro_batches(mask, G, size):
+    """The rows and columns of each micro-batch of `size` completions: [(rows (n,) long, width), ...].
+    Below one pass, each group's completions go longest first, so a micro-batch holds completions
+    of similar length, and its columns end at its longest completion: what lies past it is padding,
+    which no real token attends to. mask (N, L), groups of G consecutive rows, right-padded."""
+    N, lengths = len(mask), mask.sum(dim=1)                                          # (N,)
+    if size >= N:
+        return [(torch.arange(N, device=mask.device), mask.shape[1])]
+    group = torch.arange(N, device=mask.device) // G
+    order = torch.argsort(group * (mask.shape[1] + 1) - lengths, stable=True)     # by group, then longest first
+    return [(rows, max(int(lengths[rows].max()), 1)) for rows in order.split(size)]
+
+
+def prompt_rows(ro, rows, G, share):
+    """Prompt inputs for the completions `rows` (n,) (each group's rows together, groups in order):
+    (prompt_ids, prompt_mask, prompt_index). Shared: one row per prompt and the index of each
+    completion's prompt (PolicyPass); else one row per completion and None."""
     if not share:
-        return ro.prompt_ids[s:s + n], ro.prompt_mask[s:s + n], None
-    owner = torch.arange(s, s + n, device=ro.prompt_ids.device) // G                 # (n,) prompt of each row
-    first, last = s // G, (s + n - 1) // G
-    rows = slice(first * G, (last + 1) * G, G)                                       # groups are consecutive
-    return ro.prompt_ids[rows], ro.prompt_mask[rows], owner - first
+        return ro.prompt_ids[rows], ro.prompt_mask[rows], None
+    owner = rows // G                                                                # (n,) prompt of each row
+    first, last = int(owner[0]), int(owner[-1])
+    prompts = slice(first * G, (last + 1) * G, G)                                    # groups are consecutive
+    return ro.prompt_ids[prompts], ro.prompt_mask[prompts], owner - first
 
 
 REFERENCE_ADAPTER = "reference"      # --init_from's adapter, frozen, beside the trained "default"
@@ -124,7 +139,7 @@ def reference_adapter(model):
         model.set_adapter("default")                    # trainable again, as before
 
 
-def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
+def reference_logprobs(model, ref_model, prompt, completion_ids, completion_mask, cfg):
     """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same LoRA model with its
     starting adapter (after --init_from) or with its adapters switched off (no second copy in memory)."""
     ctx = (contextlib.nullcontext() if ref_model is not None else
@@ -132,7 +147,7 @@ def reference_logprobs(model, ref_model, prompt, ro, rows, cfg):
            model.disable_adapter())
     with torch.no_grad(), ctx, autocast(model):
         ref, _ = sequence_logprobs(ref_model if ref_model is not None else model, prompt[0], prompt[1],
-                                   ro.completion_ids[rows], ro.completion_mask[rows], with_entropy=False,
+                                   completion_ids, completion_mask, with_entropy=False,
                                    logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
                                    temperature=cfg.temperature)
     return ref
@@ -192,36 +207,38 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
     (N,) or None, {"loss": float, and the token means of the losses' own metrics: "kl",
     "clip_ratio/region_mean", "gtpo/mean_weight"})."""
     G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
-    mb, totals = cfg.micro_batch_size or N, step_totals(cfg, ro.completion_mask, ranks)
-    ent_i, gated, token_sums, loss_sum = [], [], {}, 0.0
-    for s in range(0, N, mb):
-        rows, n_mb = slice(s, s + mb), min(s + mb, N) - s
-        prompt = prompt_rows(ro, s, n_mb, G, cfg.share_prompt)
-        with _sync_if(policy, s + mb >= N):
+    totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
+    ent_i, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0           # (N,) in rollout order
+    for i, (rows, width) in enumerate(batches):
+        prompt = prompt_rows(ro, rows, G, cfg.share_prompt)
+        ids, m_mb = ro.completion_ids[rows, :width], mask[rows, :width]                # (n, width)
+        with _sync_if(policy, i == len(batches) - 1):
             ref = None
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
-                ref = reference_logprobs(model, ref_model, prompt, ro, rows, cfg)
+                ref = reference_logprobs(model, ref_model, prompt, ids, m_mb, cfg)
                 clock("reference")
             with autocast(model):
-                logp, ent = sequence_logprobs(policy, *prompt[:2], ro.completion_ids[rows], mask[rows],
+                logp, ent = sequence_logprobs(policy, *prompt[:2], ids, m_mb,
                                               logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
                                               temperature=cfg.temperature,               # of what was sampled
                                               entropy_grad=entropy_grad(cfg))
-                h = gtpo.masked_mean(ent, mask[rows], dim=1)                          # (n,) <H>_i
-                loss, lm, a = policy_loss(cfg, logp, mask[rows], adv[rows], h,
-                                          None if weights is None else weights[rows],
+                h = gtpo.masked_mean(ent, m_mb, dim=1)                                # (n,) <H>_i
+                loss, lm, a = policy_loss(cfg, logp, m_mb, adv[rows], h,
+                                          None if weights is None else weights[rows, :width],
                                           None if n_conf is None else n_conf[rows], ref, totals)
             clock("forward")
             loss.backward()                 # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
-        ent_i.append(h.detach())
-        gated += [] if a is None else [a]
+        ent_i[rows] = h.detach()
+        if a is not None:
+            gated = adv.new_zeros(N) if gated is None else gated
+            gated[rows] = a.detach()
         for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
             if key in lm:
-                token_sums.setdefault(key, []).append(lm[key] * mask[rows].sum())
+                token_sums.setdefault(key, []).append(lm[key] * m_mb.sum())
         loss_sum += loss.item()
     m = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
-    return torch.cat(ent_i), torch.cat(gated) if gated else None, {"loss": loss_sum, **m}
+    return ent_i, gated, {"loss": loss_sum, **m}
 
 
 def rl_metrics(cfg, ro, total, fmt, cor, h, loss):
@@ -260,14 +277,13 @@ def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
     p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
     N = len(records)
     mb, totals = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, gtpo.Totals(N, float(c_mask.sum()), 0)
-    loss_sum = 0.0
-    for s in range(0, N, mb):
-        rows = slice(s, s + mb)
-        with _sync_if(policy, s + mb >= N):
+    batches, loss_sum = micro_batches(c_mask, N, mb), 0.0                            # the records as one group
+    for i, (rows, width) in enumerate(batches):
+        with _sync_if(policy, i == len(batches) - 1):
             with autocast(policy):
-                logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows], c_mask[rows],
-                                            with_entropy=False, logprob_chunk=cfg.logprob_chunk)
-                loss = gtpo.aggregate(-logp, c_mask[rows], "dapo", totals=totals)   # token mean over all N
+                logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows, :width],
+                                            c_mask[rows, :width], with_entropy=False, logprob_chunk=cfg.logprob_chunk)
+                loss = gtpo.aggregate(-logp, c_mask[rows, :width], "dapo", totals=totals)   # token mean over all N
             clock("forward")
             loss.backward()
             clock("backward")

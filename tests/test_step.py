@@ -97,6 +97,17 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
+def test_micro_batches_put_each_group_longest_first_and_end_at_their_longest_completion():
+    """Below one pass: each group's completions longest first (ties in rollout order), micro-batches cut
+    across groups, each as wide as its longest completion; one pass keeps the rollout's rows and width."""
+    lengths = torch.tensor([2, 5, 3, 5, 1, 4, 4, 2])                         # two groups of 4
+    mask = (torch.arange(6)[None] < lengths[:, None]).long()                 # (8, 6), right-padded
+    batches = step.micro_batches(mask, 4, 3)
+    assert [(rows.tolist(), width) for rows, width in batches] == [([1, 3, 2], 5), ([0, 5, 6], 4), ([7, 4], 2)]
+    (rows, width), = step.micro_batches(mask, 4, 8)
+    assert rows.tolist() == list(range(8)) and width == 6
+
+
 def _objective_flags():
     """Every objective flag that changes how terms reach the loss: method x entropy_term x loss_type x
     entropy_filter, with GTPO's conflict-count normalisation on in the "neg" cases."""
