@@ -25,10 +25,13 @@ GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objectiv
           "cpu": "CPU sampling path (--rollout shared; cpu_rollout.py)"}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Adam (Listing 1)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
-# one worked example in the prompt (one_shot), warms up with SFT and uses a LoRA-sized learning rate.
+# one worked example in the prompt (one_shot) and warms up with SFT. Its RL phase is 20 steps: Eq. 7's own entropy
+# term at gamma 1 and Adam's usual betas let so short a run sharpen what the warm-up taught (docs/training.md).
 PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512, max_completion_length=96,
-                                 warmup_ratio=0.05, save_steps=20, ent_ini_prompts=16, one_shot=True,
-                                 sft_warmup_steps=4, max_steps=36, micro_batch_size=4, sft_micro_batch_size=2)}
+                                 warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4, one_shot=True,
+                                 sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28, micro_batch_size=4,
+                                 sft_micro_batch_size=2, adam_beta1=0.9, adam_beta2=0.95, entropy_term="eq7",
+                                 ent_gamma=1.0)}
 
 
 # --released_code: the authors' code where it differs from the equations (README "equations vs released code")
@@ -37,7 +40,7 @@ RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combin
 
 
 # what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
-UNRECORDED = {"entropy_term": "released", "released_code": False, "loss_type": "grpo"}
+UNRECORDED = {"entropy_term": "released", "released_code": False, "loss_type": "grpo", "sft_warmup_lr": None}
 
 
 class Parser(argparse.ArgumentParser):
@@ -100,8 +103,8 @@ class Config:
                           "paged_adamw_8bit); adam = the same, as the authors' README spells it; adamw_torch = "
                           "torch.optim.AdamW", choices=["adamw_8bit", "adam", "adamw_torch"])
     lr: float = flag(1e-6, "learning rate")
-    adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9]", type=float)
-    adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95]", type=float)
+    adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9; demo 0.9]", type=float)
+    adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95; demo 0.95]", type=float)
     weight_decay: float = flag(0.1, "AdamW weight decay")
     warmup_ratio: float = flag(0.005, "linear warm-up fraction of the schedule")
     lr_scheduler: str = flag("cosine", "after the warm-up: cosine decay to 0 (Listing 1) or constant",
@@ -116,6 +119,8 @@ class Config:
     seed: int = flag(3407, "random seed")
     sft_warmup_steps: int = flag(0, "SFT steps (batch_size x G worked solutions each) before RL; its last "
                                  "is saved as checkpoint-N, RL's start")
+    sft_warmup_lr: float = flag(None, "the SFT warm-up's learning rate, constant; it runs with SFT's Adam betas, and "
+                                "RL then starts a fresh optimizer and its own schedule [default: --lr]", type=float)
     # ---- the objective
     beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective")
     clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective")

@@ -20,7 +20,7 @@ import torch
 
 import merged_rollout
 import step
-from config import UNRECORDED, ConfigError, identity_keys, parse_args, training_records
+from config import BETAS, UNRECORDED, ConfigError, identity_keys, parse_args, training_records
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
@@ -124,10 +124,10 @@ def plan_sampling(cfg, model, tok, records, example, dist, log):
 
 
 def make_optimizer(cfg, params, total_steps, log=print):
-    """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW; linear warm-up, then cosine
-    decay (Listing 1) or a constant rate."""
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-    kw = dict(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW, with the betas of the run's first
+    phase (an SFT warm-up's, else the method's), and its learning-rate schedule (lr_schedule)."""
+    betas = BETAS["sft"] if cfg.method != "sft" and cfg.sft_warmup_steps else (cfg.adam_beta1, cfg.adam_beta2)
+    kw = dict(lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw_8bit":
         import bitsandbytes as bnb
         paged = cfg.device.startswith("cuda")           # paging moves optimizer state to CPU RAM: CUDA only
@@ -136,10 +136,37 @@ def make_optimizer(cfg, params, total_steps, log=print):
             log("optimizer: bitsandbytes AdamW8bit, not paged (paging is for CUDA memory; same update)")
     else:
         optimizer = torch.optim.AdamW(params, **kw)
-    warmup = math.ceil(cfg.warmup_ratio * total_steps)
-    if cfg.lr_scheduler == "constant":
-        return optimizer, get_constant_schedule_with_warmup(optimizer, warmup)
-    return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg, total_steps))
+
+
+def lr_schedule(cfg, total_steps):
+    """Step k's learning rate as a multiple of --lr: an SFT warm-up's W steps at --sft_warmup_lr, constant; then
+    the method's own schedule over the remaining steps: a linear warm-up over --warmup_ratio of them, then
+    cosine decay to 0 (Listing 1) or a constant rate -- as an SFT run, then an RL run from its weights."""
+    w = cfg.sft_warmup_steps if cfg.method != "sft" else 0
+    sft = (cfg.sft_warmup_lr if cfg.sft_warmup_lr is not None else cfg.lr) / cfg.lr if cfg.lr else 0.0
+    steps = total_steps - w
+    ramp = math.ceil(cfg.warmup_ratio * steps)
+
+    def rate(k):
+        if k < w:
+            return sft
+        j = k - w
+        if j < ramp:
+            return j / max(1, ramp)
+        if cfg.lr_scheduler == "constant":
+            return 1.0
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * (j - ramp) / max(1, steps - ramp))))
+    return rate
+
+
+def start_rl_phase(cfg, optimizer):
+    """The first RL step after an SFT warm-up starts Adam afresh with the method's betas, as an RL run from the
+    warm-up's weights (--init_from) would: with GTPO's betas near 1, Adam's first moment would otherwise keep
+    averaging the warm-up's gradients into every RL step."""
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        group["betas"] = (cfg.adam_beta1, cfg.adam_beta2)
 
 
 def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
@@ -225,6 +252,8 @@ def train(cfg, dist, stop):
     try:
         for k in bar:
             warmup = cfg.method != "sft" and k < cfg.sft_warmup_steps
+            if cfg.method != "sft" and k == cfg.sft_warmup_steps > 0:
+                start_rl_phase(cfg, optimizer)
             bar.set_description("sft warm-up" if warmup else cfg.method, refresh=False)
             t0, clock = time.time(), step.Clock(dist.device)
             n = cfg.batch_size * cfg.generation_size if warmup else cfg.batch_size   # warm-up: an RL step's sequences

@@ -20,10 +20,12 @@ from data import read_jsonl
 STUDY = os.path.dirname(os.path.abspath(__file__))     # the code, summary.md/.json and the figures
 KEEP = os.path.join(STUDY, "runs")                     # each run's small files, committed: study/runs/<run>/
 
+# the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
+PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1"]
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
-          "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5"]
+          "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5", *PINNED]
 SFT_START = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
-             "--sft_micro_batch_size", "4"]
+             "--sft_micro_batch_size", "4", "--warmup_ratio", "0.05"]
 WARMUP = SFT_START + ["--max_steps", "4", "--save_steps", "4"]             # the main part's start
 WARMUP_LONG = SFT_START + ["--max_steps", "32", "--save_steps", "32"]      # <H>_ini below ln 2
 A6 = ["--adam_beta1", "0.999999", "--adam_beta2", "0.999999"]     # Listing 1's GTPO betas

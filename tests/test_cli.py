@@ -1,6 +1,7 @@
 """What a newcomer types and reads first: flags spelt either way and no abbreviations, a run that would take
 no RL step refused before the model loads, records without a worked solution announced, --data_dir read
-only where a dataset needs it, and the logged learning rate being the one the step used."""
+only where a dataset needs it, the logged learning rate being the one the step used, and an SFT warm-up run as an
+SFT run followed by an RL run from its weights (its own rate and betas, then a fresh optimizer and schedule)."""
 import os
 import subprocess
 import sys
@@ -114,3 +115,44 @@ def test_the_command_line_refuses_an_abbreviation_and_takes_hyphens(tmp_path, ti
     r = train_here(*tiny_args(out), "--max-steps", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.path.isdir(out / "final")
+
+
+@pytest.mark.parametrize("scheduler", ["cosine", "constant"])
+def test_lr_schedule_is_transformers_without_a_warm_up_and_starts_afresh_after_one(scheduler):
+    """No SFT warm-up: the rates of transformers' schedules (Listing 1's). With W warm-up steps: W steps at
+    --sft_warmup_lr, then the same schedule as a run of the remaining steps alone."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+    make = get_cosine_schedule_with_warmup if scheduler == "cosine" else get_constant_schedule_with_warmup
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+    kw = {"num_training_steps": 17} if scheduler == "cosine" else {}
+    reference = make(opt, 1, **kw).lr_lambdas[0]                        # 17 steps, ceil(0.05 x 17) = 1 ramp step
+    plain = train.lr_schedule(parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "0"]), 17)
+    assert [plain(k) for k in range(17)] == pytest.approx([reference(k) for k in range(17)], abs=1e-12)
+    cfg = parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "3", "--lr", "2e-4", "--sft_warmup_lr", "1e-3"])
+    warm = train.lr_schedule(cfg, 20)
+    assert [warm(k) for k in range(3)] == pytest.approx([5.0] * 3)      # 1e-3 / 2e-4, constant
+    assert [warm(k) for k in range(3, 20)] == pytest.approx([reference(k) for k in range(17)], abs=1e-12)
+    same = train.lr_schedule(parse_args(["--sft_warmup_steps", "3"]), 20)
+    assert [same(k) for k in range(3)] == [1.0] * 3                     # default: the warm-up at --lr
+
+
+def test_rl_phase_starts_a_fresh_optimizer_with_the_methods_betas():
+    """After an SFT warm-up (SFT's betas), the first RL step moves the weights exactly as a new optimizer with the
+    method's betas would from the same weights: nothing of the warm-up's moments carries over."""
+    cfg = parse_args(["--sft_warmup_steps", "2", "--optimizer", "adamw_torch"])
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt, _ = train.make_optimizer(cfg, [w], 10, log=lambda *a: None)
+    assert opt.param_groups[0]["betas"] == config.BETAS["sft"]
+    for g in ([1.0, 2.0, 3.0], [0.5, -1.0, 2.0]):                       # two warm-up steps
+        w.grad = torch.tensor(g)
+        opt.step()
+    train.start_rl_phase(cfg, opt)
+    fresh_w = torch.nn.Parameter(w.detach().clone())
+    fresh = torch.optim.AdamW([fresh_w], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                              weight_decay=cfg.weight_decay)
+    for p in (w, fresh_w):
+        p.grad = torch.tensor([-0.3, 0.2, 0.1])
+    opt.step()
+    fresh.step()
+    assert opt.param_groups[0]["betas"] == (0.999999, 0.999999)         # GTPO's (Listing 1)
+    assert torch.equal(w, fresh_w)
