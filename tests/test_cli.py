@@ -40,12 +40,12 @@ def test_a_misspelt_flag_is_one_line_naming_the_closest(module, argv, closest, c
 
 
 def test_a_run_without_an_rl_step_stops_before_the_model_loads(capsys):
-    # the demo profile warms up with 4 SFT steps: --max_steps 2 would train SFT alone
+    # the demo profile warms up with 8 SFT steps: --max_steps 2 would train SFT alone
     with pytest.raises(ConfigError, match="no GTPO step.*--sft_warmup_steps"):
         parse_args(["--max_steps", "2"])
-    assert train.cli(["--max_steps", "4"]) == 2                         # the command line: one line, exit 2
+    assert train.cli(["--max_steps", "8"]) == 2                         # the command line: one line, exit 2
     assert "--sft_warmup_steps" in capsys.readouterr().err
-    assert parse_args(["--max_steps", "5"]).max_steps == 5                # 4 SFT + 1 GTPO step
+    assert parse_args(["--max_steps", "9"]).max_steps == 9                # 8 SFT + 1 GTPO step
     assert parse_args(["--max_steps", "2", "--sft_warmup_steps", "0"]).sft_warmup_steps == 0
     assert parse_args(["--max_steps", "2", "--use_sft"]).method == "sft"  # SFT steps are what was asked
 
@@ -126,20 +126,23 @@ def test_lr_schedule_is_transformers_without_a_warm_up_and_starts_afresh_after_o
     opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
     kw = {"num_training_steps": 17} if scheduler == "cosine" else {}
     reference = make(opt, 1, **kw).lr_lambdas[0]                        # 17 steps, ceil(0.05 x 17) = 1 ramp step
-    plain = train.lr_schedule(parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "0"]), 17)
+    plain = train.lr_schedule(parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "0", "--warmup_ratio", "0.05"]),
+                              17)
     assert [plain(k) for k in range(17)] == pytest.approx([reference(k) for k in range(17)], abs=1e-12)
-    cfg = parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "3", "--lr", "2e-4", "--sft_warmup_lr", "1e-3"])
+    cfg = parse_args(["--lr_scheduler", scheduler, "--sft_warmup_steps", "3", "--lr", "2e-4", "--sft_warmup_lr", "1e-3",
+                      "--warmup_ratio", "0.05"])
     warm = train.lr_schedule(cfg, 20)
     assert [warm(k) for k in range(3)] == pytest.approx([5.0] * 3)      # 1e-3 / 2e-4, constant
     assert [warm(k) for k in range(3, 20)] == pytest.approx([reference(k) for k in range(17)], abs=1e-12)
-    same = train.lr_schedule(parse_args(["--sft_warmup_steps", "3"]), 20)
+    same = train.lr_schedule(parse_args(["--model", "llama-8b", "--sft_warmup_steps", "3"]), 20)
     assert [same(k) for k in range(3)] == [1.0] * 3                     # default: the warm-up at --lr
 
 
 def test_rl_phase_starts_a_fresh_optimizer_with_the_methods_betas():
     """After an SFT warm-up (SFT's betas), the first RL step moves the weights exactly as a new optimizer with the
     method's betas would from the same weights: nothing of the warm-up's moments carries over."""
-    cfg = parse_args(["--sft_warmup_steps", "2", "--optimizer", "adamw_torch"])
+    cfg = parse_args(["--sft_warmup_steps", "2", "--optimizer", "adamw_torch", "--adam_beta1", "0.999999",
+                      "--adam_beta2", "0.999999"])                       # GTPO's (Listing 1)
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     opt, _ = train.make_optimizer(cfg, [w], 10, log=lambda *a: None)
     assert opt.param_groups[0]["betas"] == config.BETAS["sft"]
@@ -148,11 +151,11 @@ def test_rl_phase_starts_a_fresh_optimizer_with_the_methods_betas():
         opt.step()
     train.start_rl_phase(cfg, opt)
     fresh_w = torch.nn.Parameter(w.detach().clone())
-    fresh = torch.optim.AdamW([fresh_w], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+    fresh = torch.optim.AdamW([fresh_w], lr=opt.param_groups[0]["lr"], betas=(cfg.adam_beta1, cfg.adam_beta2),
                               weight_decay=cfg.weight_decay)
     for p in (w, fresh_w):
         p.grad = torch.tensor([-0.3, 0.2, 0.1])
     opt.step()
     fresh.step()
-    assert opt.param_groups[0]["betas"] == (0.999999, 0.999999)         # GTPO's (Listing 1)
+    assert opt.param_groups[0]["betas"] == (0.999999, 0.999999)
     assert torch.equal(w, fresh_w)

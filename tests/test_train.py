@@ -182,9 +182,10 @@ def test_config_defaults_profiles_and_unknown_fields():
 
 def test_released_code_selects_every_released_behaviour_and_given_flags_win():
     from config import RELEASED_CODE, parse_args
-    default, rel = parse_args([]), parse_args(["--released_code"])
+    default, rel = parse_args(["--model", "llama-8b"]), parse_args(["--released_code"])
     assert (default.entropy_term, default.scale_rewards, default.conflict_norm, default.entropy_filter) == \
         ("released", True, False, "auto")      # the entropy term by docs/study.md part 7's rule; the rest Eq. 6-8
+    assert parse_args([]).entropy_term == "eq7"                          # the demo profile's own choice
     assert {k: getattr(rel, k) for k in RELEASED_CODE} == {
         "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "entropy_filter": "all",
         "ent_threshold": 0.7, "entropy_term": "released"} and rel.released_code
@@ -194,23 +195,23 @@ def test_released_code_selects_every_released_behaviour_and_given_flags_win():
 
 def test_resume_keeps_the_entropy_term_the_run_was_made_with(tmp_path):
     """--resume without --entropy_term continues with the run's own term (config.json), whatever the default;
-    a config.json older than the flag ran the released form. Asking for the other term is refused like any
+    a config.json older than the flag ran the released form (the paper's model: the demo profile chooses eq7). Asking for the other term is refused like any
     other change of objective."""
     from config import UNRECORDED, identity_keys, parse_args
     from runs import ConfigError, prepare_output_dir, write_json
-    old = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path)]))
+    old = dataclasses.asdict(parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path)]))
     del old["entropy_term"], old["released_code"]
     write_json(str(tmp_path / "config.json"), old)
-    kept = parse_args(["--output_dir", str(tmp_path), "--resume"])
+    kept = parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume"])
     assert kept.entropy_term == "released"
     assert prepare_output_dir(str(tmp_path), dataclasses.asdict(kept), True, False, identity_keys(), (), UNRECORDED) == {}
-    other = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--resume", "--entropy_term", "eq7"]))
+    other = dataclasses.asdict(parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume", "--entropy_term", "eq7"]))
     with pytest.raises(ConfigError, match="entropy_term: 'released' there vs 'eq7' now"):
         prepare_output_dir(str(tmp_path), other, True, False, identity_keys(), (), UNRECORDED)
     write_json(str(tmp_path / "config.json"), {**old, "entropy_term": "eq7", "released_code": False})
-    assert parse_args(["--output_dir", str(tmp_path), "--resume"]).entropy_term == "eq7"    # not the default
-    assert parse_args(["--output_dir", str(tmp_path), "--resume", "--released_code"]).entropy_term == "released"
-    assert parse_args(["--output_dir", str(tmp_path / "none"), "--resume"]).entropy_term == "released"
+    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume"]).entropy_term == "eq7"    # not the default
+    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume", "--released_code"]).entropy_term == "released"
+    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path / "none"), "--resume"]).entropy_term == "released"
 
 
 def test_resume_keeps_the_loss_type_the_run_was_made_with(tmp_path):
