@@ -199,6 +199,11 @@ class Config:
         return task_name(self.dataset) if self.task == "auto" else self.task
 
     @property
+    def warmup_steps(self):
+        """The SFT warm-up's steps as run: --sft_warmup_steps before GTPO or GRPO; none in an SFT run (all SFT)."""
+        return self.sft_warmup_steps if self.method != "sft" else 0
+
+    @property
     def gate(self):
         """The entropy gate as run (Eq. 6): "auto" filters iff <H>_ini < ln 2 for GTPO and is off for
         GRPO (the plain baseline; all / neg add the gate to GRPO, App. 14)."""

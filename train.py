@@ -126,7 +126,7 @@ def plan_sampling(cfg, model, tok, records, example, dist, log):
 def make_optimizer(cfg, params, total_steps, log=print):
     """bitsandbytes 8-bit AdamW (Listing 1; paged on CUDA) or torch AdamW, with the betas of the run's first
     phase (an SFT warm-up's, else the method's), and its learning-rate schedule (lr_schedule)."""
-    betas = BETAS["sft"] if cfg.method != "sft" and cfg.sft_warmup_steps else (cfg.adam_beta1, cfg.adam_beta2)
+    betas = BETAS["sft"] if cfg.warmup_steps else (cfg.adam_beta1, cfg.adam_beta2)
     kw = dict(lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw_8bit":
         import bitsandbytes as bnb
@@ -143,7 +143,7 @@ def lr_schedule(cfg, total_steps):
     """Step k's learning rate as a multiple of --lr: an SFT warm-up's W steps at --sft_warmup_lr, constant; then
     the method's own schedule over the remaining steps: a linear warm-up over --warmup_ratio of them, then
     cosine decay to 0 (Listing 1) or a constant rate -- as an SFT run, then an RL run from its weights."""
-    w = cfg.sft_warmup_steps if cfg.method != "sft" else 0
+    w = cfg.warmup_steps
     sft = (cfg.sft_warmup_lr if cfg.sft_warmup_lr is not None else cfg.lr) / cfg.lr if cfg.lr else 0.0
     steps = total_steps - w
     ramp = math.ceil(cfg.warmup_ratio * steps)
@@ -251,8 +251,8 @@ def train(cfg, dist, stop):
     model.train()
     try:
         for k in bar:
-            warmup = cfg.method != "sft" and k < cfg.sft_warmup_steps
-            if cfg.method != "sft" and k == cfg.sft_warmup_steps > 0:
+            warmup = k < cfg.warmup_steps
+            if k == cfg.warmup_steps > 0:
                 start_rl_phase(cfg, optimizer)
             bar.set_description("sft warm-up" if warmup else cfg.method, refresh=False)
             t0, clock = time.time(), step.Clock(dist.device)
