@@ -26,11 +26,12 @@ GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objectiv
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Adam (Listing 1)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
 # one worked example in the prompt (one_shot) and warms up with SFT. Its RL phase is 20 steps: Eq. 7's own entropy
-# term at gamma 1 and Adam's usual betas let so short a run sharpen what the warm-up taught (docs/training.md).
-PROFILES = {"smollm2-135m": dict(lr=2e-4, generation_size=8, max_prompt_length=512, max_completion_length=96,
-                                 warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4, one_shot=True,
-                                 sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28, micro_batch_size=4,
-                                 sft_micro_batch_size=2, adam_beta1=0.9, adam_beta2=0.95, entropy_term="eq7",
+# term at gamma 1, Adam's usual betas and a constant rate (a cosine spends half of so short a run near 0) let it
+# sharpen what the warm-up taught (docs/training.md).
+PROFILES = {"smollm2-135m": dict(lr=2e-4, lr_scheduler="constant", generation_size=8, max_prompt_length=512,
+                                 max_completion_length=96, warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4,
+                                 one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
+                                 sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95, entropy_term="eq7",
                                  ent_gamma=1.0)}
 
 
@@ -181,8 +182,9 @@ class Config:
                               "logits)", group="memory")
     tf32: bool = flag(True, "CUDA: the LM head's fp32 GEMMs in TF32 (10-bit mantissa inputs, fp32 accumulate; "
                       "the log-softmax stays fp32); --no-tf32 = full fp32", group="memory")
-    share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group (off with checkpointing)",
-                              group="memory")
+    share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group, and in SFT steps the "
+                              "prompts' common opening (system prompt, one-shot example) once per pass "
+                              "(off with checkpointing)", group="memory")
     gradient_checkpointing: bool = flag(None, "keep only each layer's input, recompute the rest in backward "
                                         "[default: on CUDA decided by the memory estimate -- off when a whole group "
                                         "fits one micro-batch without it; off on CPU]", group="memory", type=bool)

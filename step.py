@@ -256,34 +256,61 @@ def rl_metrics(cfg, ro, total, fmt, cor, h, loss):
 # -----------------------------------------------------------------------------
 # SFT step and <H>_ini
 
-def sft_batch(tokenizer, records, example, device):
-    """Prompt + worked solution in the tag format + EOS, as (prompt, completion) tensors."""
-    prompts = [format_prompt(tokenizer, r["question"], example) for r in records]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+def _right_padded(rows, pad_id, device):
+    """Token lists as right-padded (N, L) ids and their (N, L) mask."""
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)                        # (N, L)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def sft_batch(tokenizer, records, example, device, share=True):
+    """Prompt + worked solution in the tag format + EOS, laid out for PolicyPass.
+    -> (prompt_ids, prompt_mask, ids, mask, target_mask, prompt_index).
+    Shared (share, and prompts that open alike: the chat template's system prompt and the one-shot
+    example): their common opening is one prompt row (1, K), each row of ids is the rest of its prompt
+    then its solution, prompt_index zeros, so the opening runs once per pass. Else the prompts
+    left-padded (N, P), ids the solutions, prompt_index None. target_mask marks the solution tokens."""
+    prompts = [tokenizer(format_prompt(tokenizer, r["question"], example), add_special_tokens=False)["input_ids"]
+               for r in records]
     targets = [tokenizer(tagged_solution(r) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
                for r in records]
-    L = max(len(t) for t in targets)
-    ids = torch.full((len(records), L), tokenizer.pad_token_id, dtype=torch.long)     # (N, L)
-    mask = torch.zeros(len(records), L, dtype=torch.long)
-    for i, t in enumerate(targets):
-        ids[i, :len(t)] = torch.tensor(t)
-        mask[i, :len(t)] = 1
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device), ids.to(device), mask.to(device)
+    K = 0
+    while share and K < min(map(len, prompts)) and len({p[K] for p in prompts}) == 1:
+        K += 1                                                                        # the common opening
+    pad = tokenizer.pad_token_id
+    if K == 0:
+        enc = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")              # left-padded (N, P)
+        ids, mask = _right_padded(targets, pad, device)
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device), ids, mask, mask, None
+    ids, mask = _right_padded([p[K:] + t for p, t in zip(prompts, targets)], pad, device)   # (N, L)
+    target = torch.zeros_like(mask)
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        target[i, len(p) - K:len(p) - K + len(t)] = 1
+    opening = torch.tensor([prompts[0][:K]], dtype=torch.long, device=device)         # (1, K)
+    index = torch.zeros(len(records), dtype=torch.long, device=device)                # (N,) all rows continue it
+    return opening, torch.ones_like(opening), ids, mask, target, index
 
 
 def sft_step(policy, tok, records, example, cfg, device, clock=_no_clock):
     """Mean token NLL of the records' worked solutions (SFT, or the warm-up before RL), over
-    micro-batches of cfg.sft_micro_batch_size (else cfg.micro_batch_size) records; backward."""
-    p_ids, p_mask, c_ids, c_mask = sft_batch(tok, records, example, device)
+    micro-batches of cfg.sft_micro_batch_size (else cfg.micro_batch_size) records; backward.
+    The prompts' common opening runs once per micro-batch (sft_batch) unless --no-share_prompt."""
+    p_ids, p_mask, ids, mask, target, index = sft_batch(tok, records, example, device, cfg.share_prompt)
     N = len(records)
-    mb, totals = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, gtpo.Totals(N, float(c_mask.sum()), 0)
-    batches, loss_sum = micro_batches(c_mask, N, mb), 0.0                            # the records as one group
+    mb, totals = cfg.sft_micro_batch_size or cfg.micro_batch_size or N, gtpo.Totals(N, float(target.sum()), 0)
+    batches, loss_sum = micro_batches(mask, N, mb), 0.0                               # the records as one group
     for i, (rows, width) in enumerate(batches):
+        prompt = (p_ids[rows], p_mask[rows], None) if index is None else (p_ids, p_mask, index[rows])
         with _sync_if(policy, i == len(batches) - 1):
             with autocast(policy):
-                logp, _ = sequence_logprobs(policy, p_ids[rows], p_mask[rows], c_ids[rows, :width],
-                                            c_mask[rows, :width], with_entropy=False, logprob_chunk=cfg.logprob_chunk)
-                loss = gtpo.aggregate(-logp, c_mask[rows, :width], "dapo", totals=totals)   # token mean over all N
+                logp, _ = sequence_logprobs(policy, prompt[0], prompt[1], ids[rows, :width], mask[rows, :width],
+                                            with_entropy=False, logprob_chunk=cfg.logprob_chunk,
+                                            prompt_index=prompt[2])
+                loss = gtpo.aggregate(-logp, target[rows, :width], "dapo", totals=totals)   # token mean over all N
             clock("forward")
             loss.backward()
             clock("backward")

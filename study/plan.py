@@ -21,11 +21,15 @@ STUDY = os.path.dirname(os.path.abspath(__file__))     # the code, summary.md/.j
 KEEP = os.path.join(STUDY, "runs")                     # each run's small files, committed: study/runs/<run>/
 
 # the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
-PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1"]
+PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1",
+          "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
+SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_warmup_steps", "4",
+              "--ent_gamma", "0.1", "--ent_ini_prompts", "16"]     # recorded in config.json, though SFT reads few
+EQ7_RECORDED = ["--entropy_term", "eq7"]     # the default when Q6's and Q7's GRPO runs were made; GRPO reads no term
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5", *PINNED]
 SFT_START = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",
-             "--sft_micro_batch_size", "4", "--warmup_ratio", "0.05"]
+             "--sft_micro_batch_size", "4", *SFT_PINNED]
 WARMUP = SFT_START + ["--max_steps", "4", "--save_steps", "4"]             # the main part's start
 WARMUP_LONG = SFT_START + ["--max_steps", "32", "--save_steps", "32"]      # <H>_ini below ln 2
 A6 = ["--adam_beta1", "0.999999", "--adam_beta2", "0.999999"]     # Listing 1's GTPO betas
@@ -135,7 +139,7 @@ Q6_FLAGS = {m: rung_flags(m, *next(r[1:] for r in LADDER if r[0] == Q6_RUNG)) fo
 Q7_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
 Q7_EVALS = (("id", "id-best", "ood", "kl200"),)  # primary first; kl200: the KL to the warm-up at step 200 only
 Q7_GTPO = COMMON + ["--use_gtpo", *A9, *LONG, "--entropy_term", "eq7", "--entropy_filter", "auto"]  # the term named
-Q7_GRPO = COMMON + ["--use_grpo", *A9, *LONG]
+Q7_GRPO = COMMON + ["--use_grpo", *A9, *LONG, *EQ7_RECORDED]
 Q8_HOST_SEEDS = (1, 2)                       # GRPO trained again on these seeds where the warm-up is not Q7's
 
 
@@ -238,7 +242,7 @@ PARTS = [
     Part("q6", "Q6: with Eq. 7's entropy term as written, does GTPO collapse less than GRPO?", cost="Q6",
          since="2026-11-25T14:25", section="per_seed_lines", cells="q6_cells", arms=[
              Arm("warmup-collapse", "SFT warm-up, 32 steps", WARMUP_LONG, Q6_NEW_SEEDS),
-             Arm("q6-grpo", "GRPO β=0", Q6_FLAGS["grpo"], Q6_SEEDS, "warmup-collapse", ((), ("rung",), ("kl",)),
+             Arm("q6-grpo", "GRPO β=0", Q6_FLAGS["grpo"] + EQ7_RECORDED, Q6_SEEDS, "warmup-collapse", ((), ("rung",), ("kl",)),
                  reuse={s: f"collapse-grpo-s{s}" for s in TEST_SEEDS}),
              Arm("q6-gtpo", "GTPO, Eq. 7", Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7"], Q6_SEEDS, "warmup-collapse",
                  ((), ("rung",), ("kl",)))],

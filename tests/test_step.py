@@ -421,3 +421,25 @@ def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, 
         torch.testing.assert_close(out[2, 0][1][n], g, atol=1e-6, rtol=1e-5, msg=n)
         assert torch.equal(out[4, 2][1][n], out[2, 0][1][n]), n   # the same passes of 2: bit-identical
     assert out[4, 2][0] == out[2, 0][0]
+
+
+def test_sft_step_runs_the_prompts_common_opening_once_with_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):
+    """The system prompt and the one-shot example, shared by every prompt, run once per pass (PolicyPass)
+    and the rows continue them: the loss and gradient of one full sequence per record."""
+    from data import arithmetic_task, one_shot_example
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    train = arithmetic_task("train")
+    records, example = train[1:6], one_shot_example(train[0])
+    p_ids, p_mask, ids, mask, target, index = step.sft_batch(tok, records, example, "cpu")
+    assert p_ids.shape[0] == 1 and p_ids.shape[1] > 100 and index.tolist() == [0] * 5   # the opening, once
+    assert target.sum() < mask.sum() and (target <= mask).all()        # each row's own prompt is not a target
+    out = {}
+    for share, mb in ((True, 0), (True, 2), (False, 0)):
+        model.zero_grad()
+        cfg = Config(method="sft", dataset="arithmetic", generation_size=1, max_completion_length=8,
+                     sft_micro_batch_size=mb, share_prompt=share)
+        out[share, mb] = (step.sft_step(model, tok, records, example, cfg, "cpu")["loss"], grads(model))
+    for key in ((True, 0), (True, 2)):
+        assert out[key][0] == pytest.approx(out[False, 0][0], abs=1e-6)
+        for n, g in out[False, 0][1].items():
+            torch.testing.assert_close(out[key][1][n], g, atol=1e-6, rtol=1e-5, msg=n)

@@ -11,6 +11,25 @@ from study import verdicts
 from study import run as study
 
 
+def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
+    """The demo profile may change; the study's commands, parsed now, still give each committed run's recorded
+    objective, recipe and micro-batches (config.json), so --resume and a re-run make the same experiment."""
+    from config import identity_keys, parse_args
+    keys = [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
+                                                               "ent_ini_prompts"]
+    checked = 0
+    for run_id, flags, seed, _, _ in plan.jobs():
+        path = os.path.join(plan.KEEP, run_id, "config.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            have = json.load(f)
+        cfg = parse_args([*flags, "--seed", str(seed)])
+        assert {k: getattr(cfg, k) for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
+        checked += 1
+    assert checked > 100
+
+
 def test_run_table_same_budget_and_warm_ups_first():
     jobs = study.jobs()
     ids = [run_id for run_id, *_ in jobs]
@@ -330,9 +349,8 @@ def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
     for run_id, flags, seed, start, _ in trained:
         assert start == f"warmup-collapse-s{seed}" and flags[flags.index("--lr") + 1] == "2e-3"
         assert flags[flags.index("--dataset", flags.index("--max_steps")) + 1] == "arithmetic-hard"
-        assert ("--entropy_term" in flags[len(plan.COMMON):]) == run_id.startswith("q6-gtpo")
-        assert flags == plan.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + \
-            (["--entropy_term", "eq7"] if "gtpo" in run_id else [])
+        # GTPO's term as written; GRPO reads no term, and its runs recorded eq7, the default then
+        assert flags == plan.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + ["--entropy_term", "eq7"]
 
 
 def test_q6_table_verdict_and_cost_from_committed_files(tmp_path, monkeypatch):
@@ -430,8 +448,8 @@ def test_q7_runs_are_evaluated_in_the_job_that_trains_them():
         assert gtpo[1][-4:] == ["--entropy_term", "eq7", "--entropy_filter", "auto"] and "--use_gtpo" in gtpo[1]
         assert "--use_grpo" in grpo[1] and gtpo[1][:len(plan.COMMON)] == grpo[1][:len(plan.COMMON)]
         common = len(plan.COMMON)
-        assert [f for f in gtpo[1][common:] if f not in grpo[1][common:]] == ["--use_gtpo", "--entropy_term", "eq7",
-                                                                              "--entropy_filter", "auto"]
+        assert [f for f in gtpo[1][common:] if f not in grpo[1][common:]] == ["--use_gtpo", "--entropy_filter", "auto"]
+        assert grpo[1][-2:] == ["--entropy_term", "eq7"]               # as its runs recorded; GRPO reads no term
 
 
 def test_q8_runs_start_from_their_own_warm_up_and_add_grpo_where_it_differs_from_q7s(tmp_path, monkeypatch):
