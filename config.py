@@ -31,8 +31,8 @@ BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)} 
 PROFILES = {"smollm2-135m": dict(lr=2e-4, lr_scheduler="constant", generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4,
                                  one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
-                                 sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95, entropy_term="eq7",
-                                 ent_gamma=1.0)}
+                                 micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95,
+                                 entropy_term="eq7", ent_gamma=1.0)}
 
 
 # --released_code: the authors' code where it differs from the equations (README "equations vs released code")
