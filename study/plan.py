@@ -23,8 +23,8 @@ KEEP = os.path.join(STUDY, "runs")                     # each run's small files,
 # the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
 PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1",
           "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
-SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_warmup_steps", "4",
-              "--ent_gamma", "0.1", "--ent_ini_prompts", "16"]     # recorded in config.json, though SFT reads few
+SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4",
+              "--sft_warmup_steps", "4", "--ent_gamma", "0.1", "--ent_ini_prompts", "16"]   # recorded; SFT reads few
 EQ7_RECORDED = ["--entropy_term", "eq7"]     # the default when Q6's and Q7's GRPO runs were made; GRPO reads no term
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5", *PINNED]
@@ -242,7 +242,8 @@ PARTS = [
     Part("q6", "Q6: with Eq. 7's entropy term as written, does GTPO collapse less than GRPO?", cost="Q6",
          since="2026-11-25T14:25", section="per_seed_lines", cells="q6_cells", arms=[
              Arm("warmup-collapse", "SFT warm-up, 32 steps", WARMUP_LONG, Q6_NEW_SEEDS),
-             Arm("q6-grpo", "GRPO β=0", Q6_FLAGS["grpo"] + EQ7_RECORDED, Q6_SEEDS, "warmup-collapse", ((), ("rung",), ("kl",)),
+             Arm("q6-grpo", "GRPO β=0", Q6_FLAGS["grpo"] + EQ7_RECORDED, Q6_SEEDS, "warmup-collapse",
+                 ((), ("rung",), ("kl",)),
                  reuse={s: f"collapse-grpo-s{s}" for s in TEST_SEEDS}),
              Arm("q6-gtpo", "GTPO, Eq. 7", Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7"], Q6_SEEDS, "warmup-collapse",
                  ((), ("rung",), ("kl",)))],
