@@ -209,7 +209,8 @@ def probe_ours(cfg, device):
     from config import parse_args
     from data import format_prompt, load_task, one_shot_example
     from models import load_model
-    a = parse_args(["--max_completion_length", str(cfg["tokens"]), "--entropy_filter", "all", "--device", "cpu"])
+    a = parse_args(["--batch_size", "1", "--generation_size", "8", "--max_completion_length", str(cfg["tokens"]),
+                    "--entropy_filter", "all", "--device", "cpu"])        # probe_trl's work, whatever the profile
     a = dataclasses.replace(a, min_new_tokens=cfg["tokens"])
     torch.manual_seed(a.seed)
     model, tok, _ = load_model(a.model, lora_rank=a.lora_rank, device="cpu", log=lambda *x: None)

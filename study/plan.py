@@ -23,7 +23,7 @@ KEEP = os.path.join(STUDY, "runs")                     # each run's small files,
 # the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
 PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1",
           "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
-SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4",
+SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--generation_size", "8",
               "--sft_warmup_steps", "4", "--ent_gamma", "0.1", "--ent_ini_prompts", "16"]   # recorded; SFT reads few
 EQ7_RECORDED = ["--entropy_term", "eq7"]     # the default when Q6's and Q7's GRPO runs were made; GRPO reads no term
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
