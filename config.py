@@ -27,11 +27,10 @@ BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)} 
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
 # one worked example in the prompt (one_shot) and warms up with SFT. Its RL phase is 20 steps: Eq. 7's own entropy
 # term at gamma 1, Adam's usual betas and a constant rate (a cosine spends half of so short a run below half the
-# rate) let it sharpen what the warm-up taught (docs/training.md). Two prompts of 4 completions a step, not one of
-# 8: the same sampling work, and twice the problems to learn from when half the groups have no reward spread.
-PROFILES = {"smollm2-135m": dict(lr=2e-4, lr_scheduler="constant", batch_size=2, generation_size=4,
-                                 max_prompt_length=512, max_completion_length=96, warmup_ratio=0.0, save_steps=20,
-                                 ent_ini_prompts=4, one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
+# rate) let it sharpen what the warm-up taught (docs/training.md).
+PROFILES = {"smollm2-135m": dict(lr=2e-4, lr_scheduler="constant", generation_size=8, max_prompt_length=512,
+                                 max_completion_length=96, warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4,
+                                 one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
                                  micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95,
                                  entropy_term="eq7", ent_gamma=1.0)}
 

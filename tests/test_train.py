@@ -167,9 +167,8 @@ def test_config_defaults_profiles_and_unknown_fields():
     field fails; "auto" filter resolved once (Config.gate); the method decides Adam's betas."""
     from config import Config, parse_args
     demo, paper = parse_args([]), parse_args(["--model", "llama-8b", "--device", "cuda"])
-    assert (demo.lr, demo.batch_size, demo.generation_size, demo.lora_rank, demo.one_shot) == (2e-4, 2, 4, 32, True)
-    assert (paper.lr, paper.batch_size, paper.generation_size, paper.lora_rank, paper.one_shot) == \
-        (1e-6, 1, 12, 128, False)
+    assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (2e-4, 8, 32, True)
+    assert (paper.lr, paper.generation_size, paper.lora_rank, paper.one_shot) == (1e-6, 12, 128, False)
     assert paper.load_in_4bit and paper.max_completion_length == 1500 and paper.rollout == "auto"
     assert parse_args(["--lr", "3e-4", "--no-one_shot"]).lr == 3e-4
     assert (paper.adam_beta1, parse_args(["--use_grpo"]).adam_beta1) == (0.999999, 0.9)
