@@ -138,8 +138,16 @@ def _config(key):
 
 @functools.lru_cache(maxsize=32)
 def param_counts(key, lora_rank):
-    """(decoder Linear weights, other base parameters, trainable parameters) in elements."""
-    model = meta_model(_config(key), lora_rank=lora_rank)
+    """(decoder Linear weights, other base parameters, trainable parameters) in elements: counted on copies
+    with one and two decoder layers, whose difference is one layer's, and extended to the model's layers
+    (building all of an 8B model's layers, even on the meta device, takes seconds)."""
+    config = _config(key)
+    one, two = (_layer_counts(config, layers, lora_rank) for layers in (1, 2))
+    return tuple(a + (config.num_hidden_layers - 1) * (b - a) for a, b in zip(one, two))
+
+
+def _layer_counts(config, layers, lora_rank):
+    model = meta_model(config, layers, lora_rank=lora_rank)
     head = model.get_output_embeddings()
     linear, seen = 0, set()
     for name, m in model.named_modules():

@@ -1,13 +1,19 @@
 """Shared fixtures: a tiny random-weight Llama with the embedded model's tokenizer, the flags that
 run train.py on it, the train.py command line, and the `needs_data` marker for real-data tests."""
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
+
 import torch
 
 from models import embedded_model_dir, load_tokenizer
+
+if os.environ.get("PYTEST_XDIST_WORKER"):      # `pytest -n 2`: a thread per worker (and per process it starts), or
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # the two workers' threads contend for the cores and run slower
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
 DATA_DIR = os.environ.get("GTPO_DATA_DIR")
@@ -24,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "needs_data" in item.keywords:
             item.add_marker(skip)
+
+
+def free_port():
+    """A TCP port free now, for a torchrun rendezvous: with `pytest -n 2` two tests may start ranks at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

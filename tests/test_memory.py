@@ -14,6 +14,16 @@ def test_estimate_is_within_20_percent_of_the_peak_measured_on_cpu(name):
     assert 0.8 <= est / measured <= 1.2, (est, measured)
 
 
+@pytest.mark.parametrize("name, rank", [("llama-1b", 64), ("qwen2.5-3b", 0)])    # qwen2.5-3b ties its head
+def test_parameter_counts_from_two_layers_equal_the_whole_models(name, rank):
+    from transformers import AutoConfig
+
+    from memory import SHAPES, _key, _layer_counts, param_counts
+    kw = {**SHAPES[name], "num_hidden_layers": 5}      # a few layers: the whole model is built to compare
+    config = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    assert param_counts(_key(config), rank) == _layer_counts(config, None, rank)
+
+
 def test_the_paper_models_with_the_defaults_fit_one_a100_40gb():
     llama = estimate(model_config("llama-8b"), Settings())           # G 12, 250 + 1,500 tokens, 4-bit, r 128
     qwen = estimate(model_config("qwen2.5-3b"), Settings(lora_rank=64))

@@ -15,7 +15,7 @@ import gtpo
 import rewards
 import step
 import train
-from conftest import ENV, HERE, train_cmd as _cmd
+from conftest import ENV, HERE, free_port, train_cmd as _cmd
 
 pytestmark = pytest.mark.slow                         # subprocess runs: the slow tier
 
@@ -500,8 +500,8 @@ sys.exit(code)
 '''
 
 
-def _torchrun(helper, argv, port, **env):
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+def _torchrun(helper, argv, **env):
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(helper)]
     return subprocess.run(run + argv, capture_output=True, text=True, env={**ENV, **env}, timeout=600)
 
@@ -514,7 +514,7 @@ def test_two_ranks_every_method_same_metric_keys_and_weights(tmp_path, tiny_args
     helper.write_text(DDP_METHODS_HELPER.format(here=HERE))
     out = tmp_path / "run"
     r = _torchrun(helper, tiny_args(out, max_steps=2, generation_size=2, max_completion_length=4,
-                                    optimizer="adamw_torch", lr=1e-2, warmup_ratio=0) + method, 29541,
+                                    optimizer="adamw_torch", lr=1e-2, warmup_ratio=0) + method,
                   KEYS_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
     assert "trainable weights bit-identical on all 2 ranks" in r.stdout
@@ -535,7 +535,7 @@ def test_two_ranks_grpo_with_the_starting_adapter_as_reference(tmp_path, tiny_ar
     out = tmp_path / "run"
     r = _torchrun(helper, tiny_args(out, use_grpo=True, beta=0.04, init_from=start / "final", max_steps=2,
                                     generation_size=2, max_completion_length=4, optimizer="adamw_torch", lr=1e-2,
-                                    warmup_ratio=0), 29544, KEYS_DIR=str(tmp_path))
+                                    warmup_ratio=0), KEYS_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
     assert "trainable weights bit-identical on all 2 ranks" in r.stdout
     assert _rows(str(out))[0]["kl"] == pytest.approx(0.0, abs=1e-6)
@@ -568,7 +568,7 @@ def test_torchrun_two_processes(tmp_path, tiny_args):
     helper.write_text(DDP_HELPER.format(here=HERE))
     out = str(tmp_path / "ddp")
     common = tiny_args(out, save_steps=2, optimizer="adamw_torch", lr=1e-2, warmup_ratio=0)
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(helper)]
     r = subprocess.run(run + common + ["--max_steps", "2"], capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]

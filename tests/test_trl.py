@@ -295,13 +295,10 @@ def _two_process_worker(model_dir, out):
 def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     """2 CPU processes (torchrun, gloo), a group of 8 split 4 + 4 between them: both gather the same
     whole group, and each keeps its own rows with the advantages one process computes on the group."""
-    import socket
     import subprocess
     import sys
-    from conftest import ENV, HERE
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from conftest import ENV, HERE, free_port
+    port = free_port()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                         str(port), __file__, tiny_model_dir, str(tmp_path)], cwd=HERE, capture_output=True,
                        text=True, env={**ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}, timeout=600)
