@@ -552,11 +552,11 @@ def test_two_ranks_finish_an_uneven_epoch_and_resume_across_ranks(tmp_path, tiny
     out = tmp_path / "run"
     argv = tiny_args(out, dataset=str(data), epochs=2, max_steps=-1, save_steps=1, generation_size=2,
                      max_completion_length=4, optimizer="adamw_torch", lr=1e-2, warmup_ratio=0)
-    r = _torchrun(helper, argv, 29542, KEYS_DIR=str(tmp_path), STOP_AFTER="1")
+    r = _torchrun(helper, argv, KEYS_DIR=str(tmp_path), STOP_AFTER="1")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "2 steps of 1 prompt(s) x 2 rank(s); 1 of 5 prompts left out of each epoch" in r.stdout
     assert "stopped after step 1 of 4" in r.stdout and not (out / "final").exists()
-    r = _torchrun(helper, argv + ["--resume"], 29543, KEYS_DIR=str(tmp_path))
+    r = _torchrun(helper, argv + ["--resume"], KEYS_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resumed from" in r.stdout and "trainable weights bit-identical on all 2 ranks" in r.stdout
     assert [x["step"] for x in _rows(str(out))] == [1, 2, 3, 4] and [x["epoch"] for x in _rows(str(out))] == [0, 0, 1, 1]
@@ -652,7 +652,7 @@ def test_two_ranks_give_the_update_of_one_for_every_loss_type(tmp_path, tiny_mod
     loss_types = ["grpo", "dapo", "dr_grpo"]
     helper, out = tmp_path / "ddp_loss.py", tmp_path / "losses.json"
     helper.write_text(DDP_LOSS_HELPER.format(here=HERE))
-    r = _torchrun(helper, [tiny_model_dir, str(out), *loss_types], 29545)
+    r = _torchrun(helper, [tiny_model_dir, str(out), *loss_types])
     assert r.returncode == 0, r.stderr[-4000:]
     results = json.loads(out.read_text())
     assert sorted(results) == sorted(loss_types)
