@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 import torch
 
 from models import embedded_model_dir, load_tokenizer
