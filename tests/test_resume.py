@@ -568,9 +568,7 @@ def test_torchrun_two_processes(tmp_path, tiny_args):
     helper.write_text(DDP_HELPER.format(here=HERE))
     out = str(tmp_path / "ddp")
     common = tiny_args(out, save_steps=2, optimizer="adamw_torch", lr=1e-2, warmup_ratio=0)
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(helper)]
-    r = subprocess.run(run + common + ["--max_steps", "2"], capture_output=True, text=True, env=ENV, timeout=600)
+    r = _torchrun(helper, common + ["--max_steps", "2"])
     assert r.returncode == 0, r.stderr[-4000:]
     assert "trainable weights bit-identical on all 2 ranks" in r.stdout
     rows = _rows(out)
@@ -581,8 +579,7 @@ def test_torchrun_two_processes(tmp_path, tiny_args):
         assert json.load(f)["world_size"] == 2
     w = _adapter(os.path.join(out, "final"))
     assert any(v.abs().sum() > 0 for k, v in w.items() if "lora_B" in k)
-    r = subprocess.run(run + common + ["--max_steps", "3", "--resume", "--allow_changes", "max_steps"],
-                       capture_output=True, text=True, env=ENV, timeout=600)
+    r = _torchrun(helper, common + ["--max_steps", "3", "--resume", "--allow_changes", "max_steps"])
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resumed from" in r.stdout and [x["step"] for x in _rows(out)] == [1, 2, 3]
 
