@@ -318,20 +318,22 @@ def task_name(dataset):
     return os.path.basename(dataset).removesuffix(".jsonl")
 
 
-def prompt_length(tokenizer, question, example=None):
-    """Tokens of one question's prompt, as format_prompt builds it."""
-    return len(tokenizer(format_prompt(tokenizer, question, example), add_special_tokens=False)["input_ids"])
+def prompt_lengths(tokenizer, records, example=None):
+    """Tokens of each record's prompt, as format_prompt builds it: the prompts rendered one by one,
+    tokenized in one batch."""
+    texts = [format_prompt(tokenizer, r["question"], example) for r in records]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def longest_prompt(tokenizer, records, example=None):
     """Tokens of the longest prompt of `records` (what a memory estimate must allow for)."""
-    return max(prompt_length(tokenizer, r["question"], example) for r in records)
+    return max(prompt_lengths(tokenizer, records, example))
 
 
 def filter_by_prompt_length(records, tokenizer, max_prompt_length, example=None):
     """Drop records whose prompt is longer than max_prompt_length tokens.
     Returns (kept, n_dropped) so the caller reports the count."""
-    kept = [r for r in records if prompt_length(tokenizer, r["question"], example) <= max_prompt_length]
+    kept = [r for r, n in zip(records, prompt_lengths(tokenizer, records, example)) if n <= max_prompt_length]
     return kept, len(records) - len(kept)
 
 

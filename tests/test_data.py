@@ -112,6 +112,24 @@ def test_real_datasets_load_with_expected_sizes():
     assert first["answer"] == "18" and "<<" not in first["solution"]
 
 
+@pytest.mark.needs_data
+def test_prompt_lengths_are_each_prompt_tokenized_alone_and_the_filter_keeps_those_that_fit():
+    """The batched count equals tokenizing each format_prompt on its own (GSM8K's first 300 train
+    questions after the one-shot example), and --max_prompt_length keeps exactly the prompts at or under it."""
+    from data import filter_by_prompt_length, format_prompt, longest_prompt, one_shot_example, prompt_lengths
+    from models import embedded_model_dir, load_tokenizer
+    tok = load_tokenizer(embedded_model_dir())
+    records = load_task("gsm8k", "train")[:301]
+    example, records = one_shot_example(records[0]), records[1:]
+    alone = [len(tok(format_prompt(tok, r["question"], example), add_special_tokens=False)["input_ids"])
+             for r in records]
+    assert prompt_lengths(tok, records, example) == alone
+    assert longest_prompt(tok, records, example) == max(alone)
+    limit = sorted(alone)[len(alone) // 2]                             # about half the prompts fit
+    kept, dropped = filter_by_prompt_length(records, tok, limit, example)
+    assert kept == [r for r, n in zip(records, alone) if n <= limit] and dropped == len(records) - len(kept) > 0
+
+
 def test_reworded_arithmetic_split_keeps_numbers_changes_sentences():
     reworded, train = arithmetic_task("reworded"), arithmetic_task("train")
     assert reworded == arithmetic_task("reworded") and len(reworded) == 200
