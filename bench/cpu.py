@@ -4,6 +4,7 @@ calls -- timed per stage through its clock, methods alternating, medians after a
 import dataclasses
 import statistics
 import sys
+import time
 
 import torch
 
@@ -45,6 +46,27 @@ def step_flops(model, policy_tokens, completion_tokens):
             bwd += flops * (2 if m.weight.requires_grad else 1)
     head_flops = 2 * head.weight.shape[0] * head.weight.shape[1] * completion_tokens
     return fwd + head_flops, bwd + head_flops
+
+
+def decode_products_time(model, rows, repeats=5):
+    """Seconds of one decode step's matmuls alone, the best of `repeats`: every packed product of
+    cpu_decoder.Decoder (q/k/v, o, gate/up, down per layer, then the LM head) over `rows` rows of
+    random input, no other op. What the few-row kernels in reach allow the sampler, whatever its
+    other work; None for a model cpu_decoder does not describe."""
+    import cpu_decoder
+    if not cpu_decoder.supports(model):
+        return None
+    dec = cpu_decoder.Decoder(model)
+    products = [p for layer in dec.layers for p in layer.products] + [dec.head]
+    inputs = [torch.randn(rows, p.weight.shape[-2] if p.blocked else p.weight.shape[1]) for p in products]
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 1):                                     # the first pass warms the kernels up
+            t0 = time.perf_counter()
+            for p, x in zip(products, inputs):
+                p(x)                                                     # (rows, in) -> (rows, out)
+            best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_size=0):
@@ -93,6 +115,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
                 peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(args.device) if cuda else 0)
             print(f"  round {r} {name:14s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    products_s = None if cuda else decode_products_time(model, G)
     out = {}
     for name, rows in times.items():
         keys = sorted({k for p in rows for k in p})
@@ -106,7 +129,8 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
         if cuda:
             med["peak_gpu_gb"] = peaks[name] / 2 ** 30                          # torch.cuda.max_memory_allocated
         out[name] = med
-    return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes}
+    return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes,
+                 "decode_products_s": products_s}
 
 
 def print_step_table(title, st):
@@ -130,6 +154,9 @@ def limits(args, st, shape):
     out = {"memory_bandwidth_gb_s": bw / 1e9, "matmul_peak_gflop_s": peak / 1e9, "weight_mb": shape["weight_bytes"] / MB,
            "bound_tokens_per_s": bound, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "threads": torch.get_num_threads(), **shape}
+    if shape.get("decode_products_s"):                                  # the sampler's matmuls alone
+        out["products_tokens_per_s"] = args.G / shape["decode_products_s"]
+        out["products_fraction_of_bound"] = out["products_tokens_per_s"] / bound
     for name, med in st.items():
         med["fraction_of_bound"] = med["completion_tokens_per_s"] / bound
         for stage in ("forward", "backward"):
@@ -150,6 +177,10 @@ def report_step(args, res):
     print(f"   limits of this host ({lim['cpu_capability']}, {lim['threads']} threads), measured here: streaming read "
           f"{lim['memory_bandwidth_gb_s']:.1f} GB/s -> decoding bound {lim['bound_tokens_per_s']:.0f} tokens/s "
           f"(G x bandwidth / {lim['weight_mb']:.0f} MB of weights); fp32 matmul peak {lim['matmul_peak_gflop_s']:.0f} GFLOP/s")
+    if "products_tokens_per_s" in lim:
+        print(f"   a decode step's matmuls alone (cpu_decoder's packed products, {args.G} rows, nothing else): "
+              f"{lim['decode_products_s'] * 1e3:.1f} ms -> {lim['products_tokens_per_s']:.0f} tokens/s, "
+              f"{lim['products_fraction_of_bound']:.0%} of the bound")
     print(f"   {'':14s}{'sampling tok/s':>15s}{'of bound':>9s}{'fwd GFLOP/s':>12s}{'of peak':>8s}"
           f"{'bwd GFLOP/s':>12s}{'of peak':>8s}")
     for name, med in st.items():

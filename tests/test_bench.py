@@ -107,3 +107,18 @@ def test_step_flops_count_every_linear_and_the_head_on_completion_tokens(tiny_lm
     base, lora, head = 2 * 2 * 9216, 2 * 2 * 832, 2 * 32 * V * 6
     assert fwd == (base + lora) * 10 + head
     assert bwd == (base + 2 * lora) * 10 + head
+
+
+def test_decode_products_time_runs_every_packed_product_once_per_pass(tiny_lm, monkeypatch):
+    """bench's matmul-only decode rate times the decoder's own products: per pass, q/k/v, o, gate/up and down of
+    every layer and the LM head, each over `rows` rows, and no other op of the decoder."""
+    import cpu_decoder
+    from bench.cpu import decode_products_time
+    model = tiny_lm(lora=True)
+    calls, real = [], cpu_decoder.linear
+    monkeypatch.setattr(cpu_decoder, "linear", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b))
+    for name in ("rms_norm", "rotate"):
+        monkeypatch.setattr(cpu_decoder, name, lambda *a: pytest.fail(f"{name} is not a product"))
+    t = decode_products_time(model, rows=8, repeats=2)
+    layers = model.config.num_hidden_layers
+    assert t > 0 and calls == [8] * ((4 * layers + 1) * 3)                      # a warm-up pass and 2 timed ones
