@@ -114,8 +114,6 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
                 times[name].append(clock.parts)
                 peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(args.device) if cuda else 0)
             print(f"  round {r} {name:14s} {sum(clock.parts.values()):6.2f} s", file=sys.stderr)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    products_s = None if cuda else decode_products_time(model, G)
     out = {}
     for name, rows in times.items():
         keys = sorted({k for p in rows for k in p})
@@ -129,8 +127,9 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
         if cuda:
             med["peak_gpu_gb"] = peaks[name] / 2 ** 30                          # torch.cuda.max_memory_allocated
         out[name] = med
-    return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens, "weight_bytes": weight_bytes,
-                 "decode_products_s": products_s}
+    return out, {"prompt_tokens": P, "G": G, "new_tokens": new_tokens,
+                 "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                 "decode_products_s": None if cuda else decode_products_time(model, G)}
 
 
 def print_step_table(title, st):
