@@ -5,6 +5,8 @@ PolicyPass           the forward that predicts every completion token; with `pro
 sequence_logprobs()  per-token log pi(o_t) (with grad) and entropy H_t (no grad), chunked
                      over positions so the (N, L, V) logits never exist (ChunkedLogprobs)
 """
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -133,18 +135,53 @@ def expand_rows(x, counts):
     return torch.cat([x[b:b + 1].expand(c, *x.shape[1:]) for b, c in enumerate(counts)])
 
 
+class Prompts:
+    """B prompts run once with grad (PolicyPass without completions) for the completions of every
+    micro-batch of a step. A micro-batch reads detached copies of the prompts' last output and KV
+    cache, which gather its gradient; the last one (`last`) reads the originals, and backward(loss)
+    sends the gathered gradient through the prompts' computation in the same backward as its loss:
+    the prompts' gradient is the same as when each pass computed them again, and DDP averages the
+    whole step's gradient in one backward."""
+
+    def __init__(self, first, cache, mask, last=False):
+        self.cache, self.mask, self.last = cache, mask, last                      # mask (B, P)
+        self.originals = [first] + [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        self.copies = [t.detach().requires_grad_(t.requires_grad) for t in self.originals]
+
+    def rows(self, index):
+        """(first (n, 1, .), a cache (n, ...)) for completions of prompts `index` (n,): sorted, each
+        prompt's completions consecutive, a run of prompts without gaps."""
+        values, counts = torch.unique_consecutive(index, return_counts=True)
+        lo, hi = int(values[0]), int(values[-1]) + 1
+        if values.tolist() != list(range(lo, hi)):
+            raise ValueError("prompt_index must be consecutive prompts in order, each prompt's completions together")
+        src = [expand_rows(t[lo:hi], counts.tolist()) for t in (self.originals if self.last else self.copies)]
+        cache = copy.copy(self.cache)                                              # the prompts' own stays as it is
+        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
+        for i, layer in enumerate(cache.layers):
+            layer.keys, layer.values = src[1 + 2 * i], src[2 + 2 * i]
+        return src[0], cache
+
+    def backward(self, loss):
+        """loss.backward(), and the gradient the copies gathered through the prompts' computation."""
+        held = [(t, c.grad) for t, c in zip(self.originals, self.copies) if c.grad is not None]
+        torch.autograd.backward([loss, *(t for t, _ in held)], [None, *(g for _, g in held)])
+
+
 class PolicyPass(torch.nn.Module):
-    """The policy's pass over B prompts and n completions as ONE module call, so that DDP sees one
+    """The policy's pass over B prompts and n completions as one module call, so that DDP sees one
     forward per backward even when the prompts are computed apart from their completions.
 
-    forward(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False)
+    forward(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False, prompts=None)
       prompt_index None: prompt_ids/mask are (n, P), one row per completion; one joint forward.
       prompt_index (n,) long: prompt_ids/mask are (B, P), completion j continues prompt
         prompt_index[j] (sorted: each prompt's completions consecutive, as a rollout lays them
         out). Each prompt is run once with its KV cache kept (with grad); the cache is expanded to
         the n rows (expand_rows) and the completions attend to it, so the gradient reaches the
-        prompt's computation summed over its completions, as through n copies.
+        prompt's computation summed over its completions, as through n copies. With `prompts`
+        (Prompts) the prompts' pass is that one, made once for the step's micro-batches.
       -> (n, L, D) final hidden states, or (n, L, V) logits, at the positions that predict o_t.
+    forward(prompt_ids, prompt_mask, logits=False): the prompts alone -> Prompts.
     Positions come from the attention masks, as in `generate`.
     """
 
@@ -152,45 +189,58 @@ class PolicyPass(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None, logits=False):
+    def forward(self, prompt_ids, prompt_mask, completion_ids=None, completion_mask=None, prompt_index=None,
+                logits=False, prompts=None):
+        pick = (lambda o: o.logits) if logits else (lambda o: o.hidden_states[-1])
+        if completion_ids is None or (prompt_index is not None and prompts is None):
+            out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                             use_cache=True, logits_to_keep=1, output_hidden_states=not logits)
+            prompts = Prompts(pick(out)[:, -1:], out.cache, prompt_mask, last=completion_ids is not None)
+            if completion_ids is None:
+                return prompts
         L = completion_ids.shape[1]
         out_kw = {"logits_to_keep": L + 1} if logits else {"logits_to_keep": 1, "output_hidden_states": True}
-        pick = (lambda o: o.logits) if logits else (lambda o: o.hidden_states[-1])
         if prompt_index is None:
             ids = torch.cat([prompt_ids, completion_ids], dim=1)                    # (n, P + L)
             attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False,
                              **out_kw)
             return pick(out)[:, -L - 1:-1]                                           # position t predicts o_t
-        values, counts = torch.unique_consecutive(prompt_index, return_counts=True)
-        counts = counts.tolist()
-        if values.tolist() != list(range(prompt_ids.shape[0])):
-            raise ValueError("prompt_index must be 0, ..., B-1 in order, each prompt's completions consecutive")
-        p_pos = positions(prompt_mask)                                               # (B, P)
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=p_pos, use_cache=True,
-                         **{**out_kw, "logits_to_keep": 1})
-        first = expand_rows(pick(out)[:, -1:], counts)                               # (n, 1, .) predicts o_0
+        first, cache = prompts.rows(prompt_index)                                    # (n, 1, .) predicts o_0
         if L == 1:
             return first
-        cache = out.cache
-        for layer in cache.layers:                                                   # (B, ...) -> (n, ...)
-            layer.keys, layer.values = expand_rows(layer.keys, counts), expand_rows(layer.values, counts)
-        attn = torch.cat([prompt_mask[prompt_index], completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
-        c_pos = p_pos[prompt_index, -1:] + 1 + torch.arange(L - 1, device=p_pos.device)   # (n, L - 1)
+        p_mask = prompts.mask[prompt_index]                                          # (n, P)
+        attn = torch.cat([p_mask, completion_mask[:, :-1].to(p_mask.dtype)], dim=1)
+        c_pos = positions(p_mask)[:, -1:] + 1 + torch.arange(L - 1, device=p_mask.device)   # (n, L - 1)
         out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
                          cache=cache, use_cache=True,
                          **{**out_kw, "logits_to_keep": L - 1 if logits else 1})   # hidden states: no logits
         return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
 
 
+def _runner_and_head(model, logprob_chunk):
+    """The PolicyPass to call (model itself when it is one, DDP-wrapped or not) and the LM head the
+    chunked path runs (None: the model returns logits)."""
+    runner = model if isinstance(getattr(model, "module", model), PolicyPass) else PolicyPass(model)
+    return runner, lm_head_of(getattr(runner, "module", runner).model) if logprob_chunk > 0 else None
+
+
+def prompt_pass(model, prompt_ids, prompt_mask, logprob_chunk=256):
+    """The B prompts (B, P) once, with grad, for sequence_logprobs(..., prompts=) over a step's
+    micro-batches -> Prompts (set `.last` before the last micro-batch, whose backward is Prompts.backward)."""
+    runner, head = _runner_and_head(model, logprob_chunk)
+    return runner(prompt_ids, prompt_mask, logits=head is None)
+
+
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      with_entropy=True, logprob_chunk=256, prompt_index=None, temperature=1.0, entropy_grad=False):
+                      with_entropy=True, logprob_chunk=256, prompt_index=None, temperature=1.0, entropy_grad=False,
+                      prompts=None):
     """log pi(o_{i,t} | q, o_{i,<t}) for every completion token, and its entropy H_{i,t}, where pi is
     softmax(logits / temperature): the distribution the completions were sampled from (TRL's
     convention too; the paper's T = 1 makes it the model's own softmax).
 
-    model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index: see PolicyPass
-    (None: one row of prompt_ids per completion). With logprob_chunk > 0 the model returns only its
+    model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index, prompts: see
+    PolicyPass (None: one row of prompt_ids per completion; prompts: prompt_pass's, made once). With logprob_chunk > 0 the model returns only its
     final hidden states, and the LM head runs over the real completion tokens in chunks
     (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the full
     (N, L, V) logits (the reference path the tests compare against).
@@ -198,16 +248,17 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     (N, L) float32, or None; the entropy carries a gradient only with entropy_grad (Eq. 7's
     -gamma <H>_i term).
     """
-    runner = model if isinstance(getattr(model, "module", model), PolicyPass) else PolicyPass(model)
-    head = lm_head_of(getattr(runner, "module", runner).model) if logprob_chunk > 0 else None
+    runner, head = _runner_and_head(model, logprob_chunk)
     if head is not None:
-        hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index)  # (N, L, D)
+        hidden = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index,
+                        prompts=prompts)                                  # (N, L, D)
         keep = completion_mask.bool()                                     # (N, L)
         logp, ent = ChunkedLogprobs.apply(hidden[keep], head.weight, head.bias, completion_ids[keep],
                                           logprob_chunk, with_entropy, temperature, entropy_grad)
         zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
         return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if with_entropy else None)
-    logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True)  # (N, L, V)
+    logits = runner(prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index, logits=True,
+                    prompts=prompts)                                      # (N, L, V)
     logits = logits / temperature if temperature != 1.0 else logits
     logprobs = token_logprobs(logits, completion_ids)                 # (N, L)
     entropy = None

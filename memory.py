@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass
 
 import torch
@@ -237,8 +236,7 @@ def estimate(config, s):
     out["sampling"] = held + sampling(rows, s.batch_size)
     # ---- gradient pass: one micro-batch of m completions
     m = s.micro_batch_size or rows
-    prompts = min(s.batch_size, math.ceil(m / s.generation_size) + (m % s.generation_size > 0)) \
-        if s.share_prompt else m
+    prompts = s.batch_size if s.share_prompt else m          # shared: the step's prompts, held for every micro-batch
     tokens = prompts * P + m * C
     per_layer, outside = activation_rates(config, s)
     kept = L * D * b if s.gradient_checkpointing else L * per_layer   # checkpointing: each layer's input

@@ -23,7 +23,7 @@ import torch
 import gtpo
 import rewards
 from data import format_prompt, tagged_solution
-from gtpo_logprobs import sequence_logprobs
+from gtpo_logprobs import prompt_pass, sequence_logprobs
 from models import autocast
 from rollout import rollout
 
@@ -203,31 +203,43 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
 def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock=_no_clock, ranks=None):
     """Backward of the step's loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
     on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
-    so the micro-batch size does not change the gradient. Returns (<H>_i (N,), the gated advantages
+    so the micro-batch size does not change the gradient. With --share_prompt each prompt runs once
+    for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward. Returns (<H>_i (N,), the gated advantages
     (N,) or None, {"loss": float, and the token means of the losses' own metrics: "kl",
     "clip_ratio/region_mean", "gtpo/mean_weight"})."""
     G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
     totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
     ent_i, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0           # (N,) in rollout order
+    prompts = None
+    if cfg.share_prompt and len(batches) > 1:                    # each prompt once for all the micro-batches
+        with _sync_if(policy, False), autocast(model):
+            prompts = prompt_pass(policy, ro.prompt_ids[::G], ro.prompt_mask[::G], cfg.logprob_chunk)
+        clock("forward")
     for i, (rows, width) in enumerate(batches):
+        last = i == len(batches) - 1
         prompt = prompt_rows(ro, rows, G, cfg.share_prompt)
         ids, m_mb = ro.completion_ids[rows, :width], mask[rows, :width]                # (n, width)
-        with _sync_if(policy, i == len(batches) - 1):
+        if prompts is not None:
+            prompts.last = last
+        with _sync_if(policy, last):
             ref = None
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
                 ref = reference_logprobs(model, ref_model, prompt, ids, m_mb, cfg)
                 clock("reference")
             with autocast(model):
-                logp, ent = sequence_logprobs(policy, *prompt[:2], ids, m_mb,
-                                              logprob_chunk=cfg.logprob_chunk, prompt_index=prompt[2],
+                logp, ent = sequence_logprobs(policy, *prompt[:2], ids, m_mb, logprob_chunk=cfg.logprob_chunk,
+                                              prompt_index=prompt[2] if prompts is None else rows // G,
                                               temperature=cfg.temperature,               # of what was sampled
-                                              entropy_grad=entropy_grad(cfg))
+                                              entropy_grad=entropy_grad(cfg), prompts=prompts)
                 h = gtpo.masked_mean(ent, m_mb, dim=1)                                # (n,) <H>_i
                 loss, lm, a = policy_loss(cfg, logp, m_mb, adv[rows], h,
                                           None if weights is None else weights[rows, :width],
                                           None if n_conf is None else n_conf[rows], ref, totals)
             clock("forward")
-            loss.backward()                 # always (DDP ranks must agree); a NaN is caught at the step
+            if prompts is not None and last:    # and the gradient the prompts gathered, in the same backward
+                prompts.backward(loss)
+            else:
+                loss.backward()             # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
         ent_i[rows] = h.detach()
         if a is not None:

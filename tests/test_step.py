@@ -97,6 +97,32 @@ def test_rl_step_shared_equals_unshared_with_micro_batches(tiny_model_dir, tiny_
         assert m0["kl"] > 0                            # lora_B != 0, so the policy differs from the reference
 
 
+def test_each_prompt_runs_once_per_step_whatever_the_micro_batches(tiny_model_dir, tiny_lm, monkeypatch):
+    """With --share_prompt the step's policy pass reads the prompt tokens once, in one call, for micro-batches
+    of 0, 2 and 4 completions (2 prompts x G = 3; 2 and 4 cut across the groups); without it, every
+    completion's pass reads its own copy."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(rewards, "reward", reward)
+    prompt_rows = []                                    # per call of the model: its rows that start with a prompt
+    real = model.forward
+
+    def counting(*args, input_ids=None, **kwargs):
+        starts = [row for row in input_ids.tolist() if row[:6] in ro.prompt_ids.tolist()]
+        prompt_rows.append(len(starts))
+        return real(*args, input_ids=input_ids, **kwargs)
+    monkeypatch.setattr(model, "forward", counting)
+    base = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, entropy_filter="off",
+                  logprob_chunk=4)
+    for share, mb, reads in [(True, 0, [2]), (True, 2, [2]), (True, 4, [2]), (False, 2, [2, 2, 2])]:
+        prompt_rows.clear()
+        step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], dataclasses.replace(base, share_prompt=share,
+                                                                                     micro_batch_size=mb))
+        assert [n for n in prompt_rows if n] == reads, (share, mb)
+
+
 def test_micro_batches_put_each_group_longest_first_and_end_at_their_longest_completion():
     """Below one pass: each group's completions longest first (ties in rollout order), micro-batches cut
     across groups, each as wide as its longest completion; one pass keeps the rollout's rows and width."""
