@@ -121,8 +121,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
         med["total"] = statistics.median(sum(p.values()) for p in rows)
         med["completion_tokens_per_s"] = G * new_tokens / med["generate"]
         shared = name != "floor" and cfgs[name].share_prompt                   # in the gradient pass
-        passes = -(-G // micro_batch_size) if micro_batch_size else 1          # each pass computes its prompt once
-        med["policy_tokens"] = (P * passes if shared else G * P) + G * new_tokens   # through the policy pass
+        med["policy_tokens"] = (P if shared else G * P) + G * new_tokens     # through the policy pass: shared, once a step
         med["forward_flops"], med["backward_flops"] = step_flops(model, med["policy_tokens"], G * new_tokens)
         if cuda:
             med["peak_gpu_gb"] = peaks[name] / 2 ** 30                          # torch.cuda.max_memory_allocated
