@@ -240,10 +240,10 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     convention too; the paper's T = 1 makes it the model's own softmax).
 
     model: a causal LM, or a PolicyPass (DDP-wrapped under torchrun). prompt_index, prompts: see
-    PolicyPass (None: one row of prompt_ids per completion; prompts: prompt_pass's, made once). With logprob_chunk > 0 the model returns only its
-    final hidden states, and the LM head runs over the real completion tokens in chunks
-    (ChunkedLogprobs): memory O(logprob_chunk x V) instead of O(N x L x V); 0 keeps the full
-    (N, L, V) logits (the reference path the tests compare against).
+    PolicyPass (None: one row of prompt_ids per completion; prompts: prompt_pass's, made once).
+    With logprob_chunk > 0 the model returns only its final hidden states, and the LM head runs over
+    the real completion tokens in chunks (ChunkedLogprobs): memory O(logprob_chunk x V) instead of
+    O(N x L x V); 0 keeps the full (N, L, V) logits (the reference path the tests compare against).
     Returns logprobs (N, L) float32 with grad (0 at padding in the chunked path) and entropy
     (N, L) float32, or None; the entropy carries a gradient only with entropy_grad (Eq. 7's
     -gamma <H>_i term).

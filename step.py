@@ -204,9 +204,9 @@ def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clo
     """Backward of the step's loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
     on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
     so the micro-batch size does not change the gradient. With --share_prompt each prompt runs once
-    for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward. Returns (<H>_i (N,), the gated advantages
-    (N,) or None, {"loss": float, and the token means of the losses' own metrics: "kl",
-    "clip_ratio/region_mean", "gtpo/mean_weight"})."""
+    for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward.
+    Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the token means of the
+    losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
     G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
     totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
     ent_i, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0           # (N,) in rollout order
