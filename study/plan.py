@@ -21,10 +21,11 @@ STUDY = os.path.dirname(os.path.abspath(__file__))     # the code, summary.md/.j
 KEEP = os.path.join(STUDY, "runs")                     # each run's small files, committed: study/runs/<run>/
 
 # the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
-PINNED = ["--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released", "--ent_gamma", "0.1",
-          "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
-SFT_PINNED = ["--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--generation_size", "8",
-              "--sft_warmup_steps", "4", "--ent_gamma", "0.1", "--ent_ini_prompts", "16"]   # recorded; SFT reads few
+PINNED = ["--lr", "2e-4", "--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released",
+          "--ent_gamma", "0.1", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
+SFT_PINNED = ["--lr", "2e-4", "--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4",
+              "--generation_size", "8", "--sft_warmup_steps", "4", "--ent_gamma", "0.1",
+              "--ent_ini_prompts", "16"]   # recorded; SFT reads few
 EQ7_RECORDED = ["--entropy_term", "eq7"]     # the default when Q6's and Q7's GRPO runs were made; GRPO reads no term
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5", *PINNED]

@@ -145,7 +145,7 @@ def test_help_shows_the_real_defaults_grouped(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and "PROMPTS per optimizer step" in out
     text = " ".join(out.split())                                      # argparse wraps lines
-    assert "learning rate [default 0.0002 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
+    assert "learning rate [default 0.0003 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
     assert "math500" in text and "aime24" in text                     # every dataset
     assert "torchrun --nproc_per_node 2 train.py" in text            # the docstring's examples
     groups = [(g.title, [a.dest for a in g._group_actions]) for g in build_parser()._action_groups]
@@ -167,10 +167,10 @@ def test_config_defaults_profiles_and_unknown_fields():
     field fails; "auto" filter resolved once (Config.gate); the method decides Adam's betas."""
     from config import Config, parse_args
     demo, paper = parse_args([]), parse_args(["--model", "llama-8b", "--device", "cuda"])
-    assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (2e-4, 8, 32, True)
+    assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (3e-4, 8, 32, True)
     assert (paper.lr, paper.generation_size, paper.lora_rank, paper.one_shot) == (1e-6, 12, 128, False)
     assert paper.load_in_4bit and paper.max_completion_length == 1500 and paper.rollout == "auto"
-    assert parse_args(["--lr", "3e-4", "--no-one_shot"]).lr == 3e-4
+    assert parse_args(["--lr", "5e-4", "--no-one_shot"]).lr == 5e-4
     assert (paper.adam_beta1, parse_args(["--use_grpo"]).adam_beta1) == (0.999999, 0.9)
     with pytest.raises(TypeError, match="learning_rate"):
         Config(learning_rate=1e-6)
