@@ -11,6 +11,11 @@ from study import verdicts
 from study import run as study
 
 
+def _flag(flags, name):
+    """The value train.py reads for `name`: its last occurrence (argparse's last wins)."""
+    return flags[len(flags) - flags[::-1].index(name)]
+
+
 def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
     """The demo profile may change; the study's commands, parsed now, still give each committed run's recorded
     objective, recipe and micro-batches (config.json), so --resume and a re-run make the same experiment."""
@@ -214,7 +219,7 @@ def test_collapse_part_ladder_stops_at_the_first_rung_where_grpo_collapses(tmp_p
     n = 2 * len(plan.TEST_SEEDS)
     assert [j[4] for j in tests] == [("rung", "rung-precollapse")] * n + [("kl",)] * n      # the drift last
     flags = tests[0][1]
-    assert flags[flags.index("--lr") + 1] == "1e-3" and flags[flags.index("--dataset") + 1] == "arithmetic"
+    assert _flag(flags, "--lr") == "1e-3" and _flag(flags, "--dataset") == "arithmetic"
     assert flags[:len(plan.COMMON)] == plan.COMMON and {j[3] for j in tests} == \
         {f"warmup-collapse-s{s}" for s in plan.TEST_SEEDS}
     assert not plan.earlier_rungs_pending("pilot-r3-gtpo-s11") and plan.earlier_rungs_pending("pilot-r4-gtpo-s11")
@@ -347,7 +352,7 @@ def test_q6_runs_gtpo_with_eq7_on_eight_seeds_and_grpo_on_the_new_three():
                                                    [f"q6-grpo-s{s}" for s in (26, 27, 28)])
     assert [j[4] for j in jobs[3:]] == [()] * 11 + [("rung",)] * 11 + [("kl",)] * 11
     for run_id, flags, seed, start, _ in trained:
-        assert start == f"warmup-collapse-s{seed}" and flags[flags.index("--lr") + 1] == "2e-3"
+        assert start == f"warmup-collapse-s{seed}" and _flag(flags, "--lr") == "2e-3"
         assert flags[flags.index("--dataset", flags.index("--max_steps")) + 1] == "arithmetic-hard"
         # GTPO's term as written; GRPO reads no term, and its runs recorded eq7, the default then
         assert flags == plan.rung_flags(run_id.split("-")[1], "arithmetic-hard", "2e-3") + ["--entropy_term", "eq7"]
