@@ -1,6 +1,5 @@
 """Tests for rollout.py, config.py and train.py: masks on a tiny random-weight model, one optimizer
 step per method, a 2-step run of the embedded model with a resume, and bad flags."""
-import copy
 import dataclasses
 import json
 import os
@@ -548,25 +547,36 @@ def test_full_weights_load_from_one_file_or_shards(tmp_path, tiny_lm, shard):
     assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
 
 
+_DDP_BUCKETS = """
+import copy, sys, torch, torch.distributed as tdist
+from runs import ddp
+tdist.init_process_group("gloo", store=tdist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+torch.manual_seed(0)
+plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+wrapped = ddp(copy.deepcopy(plain), "cpu")
+x = torch.randn(5, 8)
+plain(x).square().sum().backward()
+wrapped(x).square().sum().backward()
+storages = {q.grad.untyped_storage().data_ptr() for q in wrapped.module.parameters()}
+assert wrapped.gradient_as_bucket_view and len(storages) == 1, storages   # 4 gradients, one bucket's storage
+for p, q in zip(plain.parameters(), wrapped.module.parameters()):
+    torch.testing.assert_close(q.grad, p.grad)
+del wrapped                                     # the reducer lets go of the group before the group goes
+tdist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
 def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
     """runs.ddp: one gloo process; after a backward every gradient lives inside DDP's buckets (no second
-    copy of the gradients), and the step's gradients equal the plain module's."""
-    import torch.distributed as tdist
-    from runs import ddp
-    tdist.init_process_group("gloo", store=tdist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
-        wrapped = ddp(copy.deepcopy(plain), "cpu")
-        x = torch.randn(5, 8)
-        plain(x).square().sum().backward()
-        wrapped(x).square().sum().backward()
-        storages = {q.grad.untyped_storage().data_ptr() for q in wrapped.module.parameters()}
-        assert wrapped.gradient_as_bucket_view and len(storages) == 1     # 4 gradients, one bucket's storage
-        for p, q in zip(plain.parameters(), wrapped.module.parameters()):
-            torch.testing.assert_close(q.grad, p.grad)
-    finally:
-        tdist.destroy_process_group()
+    copy of the gradients), and the step's gradients equal the plain module's. The group lives in a child
+    process: a gloo group torn down inside a pytest worker can block that worker in its destructor."""
+    import subprocess
+    import sys
+    from conftest import ENV
+    r = subprocess.run([sys.executable, "-c", _DDP_BUCKETS, str(tmp_path / "store")], cwd=HERE, capture_output=True,
+                       text=True, env={**ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_every_torch_load_names_its_device():
