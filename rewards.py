@@ -36,7 +36,9 @@ import threading
 import time
 from fractions import Fraction
 
-import torch
+SERVING_LATEX = __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]
+if not SERVING_LATEX:    # the math-verify child (LatexWorker) runs this file: without torch it is ready sooner
+    import torch
 
 FORMAT_FULL, FORMAT_PARTIAL, CORRECT = 10.0, 1.0, 10.0
 TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
@@ -296,5 +298,5 @@ def trl_reward(task):
     return paper_reward
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]:
+if SERVING_LATEX:
     _serve()

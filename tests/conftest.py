@@ -1,17 +1,19 @@
 """Shared fixtures: a tiny random-weight Llama with the embedded model's tokenizer, the flags that
-run train.py on it, the train.py command line, and the `needs_data` marker for real-data tests."""
+run train.py on it, the train.py command line, and the `needs_data` marker for real-data tests.
+
+torch and the project's modules are imported inside the functions that use them: `pytest -n 2`'s
+controller process loads this file too, runs no test, and would otherwise import them before it starts
+the workers."""
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
-import torch
-
-from models import embedded_model_dir, load_tokenizer
 
 if os.environ.get("PYTEST_XDIST_WORKER"):      # `pytest -n 2`: a thread per worker (and per process it starts), or
-    os.environ.setdefault("OMP_NUM_THREADS", "1")   # the two workers' threads contend for the cores and run slower
+    import torch                                # the two workers' threads contend for the cores and run slower
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
@@ -41,13 +43,17 @@ def free_port():
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same global RNG state, whatever ran before it."""
+    import torch
     torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer random Llama with the embedded model's tokenizer, saved as a local folder."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models import embedded_model_dir, load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -63,6 +69,7 @@ def tiny_model_dir(tmp_path_factory):
 def tiny_lm(tiny_model_dir):
     """tiny_lm(lora) -> the tiny model in fp32; with LoRA (r 4 on q, v, up) its B matrices drawn
     non-zero, since B = 0 at init would hide gradient errors in A."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     def make(lora=False):
@@ -82,6 +89,7 @@ def small_vocab_lm():
     """A 2-layer random Llama with a 512-token vocabulary and LoRA (r 4 on q, v, up; B drawn non-zero), its
     LM head scaled by 40 so the next token is peaked: what the distribution tests sample thousands of rows
     from, where the embedded tokenizer's 49,152 entries would make every draw slow. Token 2 is EOS, 0 pad."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -101,6 +109,7 @@ def assert_draws_match(model, ids, ours, theirs, top_p, logits_of=None):
     frequencies of both within 5 binomial standard errors of the exact nucleus probabilities (from
     logits_of, default model), among the 5 most likely tokens; and the mean per-token log-prob of the
     draws under `model` equal within 5 standard errors."""
+    import torch
     n = len(ours)
     with torch.no_grad():
         logits = (logits_of or model)(input_ids=ids).logits[0, -1].float()

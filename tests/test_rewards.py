@@ -261,6 +261,17 @@ def test_tower_from_a_worker_thread_returns_within_the_bound():
     assert time.perf_counter() - t < rewards.LATEX_TIMEOUT + 60
 
 
+def test_the_math_verify_child_imports_no_torch():
+    """A child killed past LATEX_TIMEOUT is replaced at once, and the next answer's time counts its start:
+    the child runs rewards.py without torch (whose import alone can outlast LATEX_TIMEOUT), so the answer
+    after a timeout is still compared. It serves until stdin closes, then says what it imported."""
+    code = ("import runpy, sys; sys.argv = [sys.argv[1], '--serve-latex']; "
+            "runpy.run_path(sys.argv[0], run_name='__main__'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(HERE, "rewards.py")], input='["0.5", "1/2"]\n',
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.stdout.split() == ["ready", "1", "False"], out.stdout + out.stderr
+
+
 def slow_start_worker():
     """A LatexWorker whose child waits 9 s (past LATEX_TIMEOUT and LATEX_BATCH_SECONDS) before importing
     math-verify, as a first start may on a loaded machine."""

@@ -137,10 +137,10 @@ def test_report_recomputes_questions_from_committed_files(tmp_path, monkeypatch)
         for s in (1, 2, 3):
             (tmp_path / f"{name}-s{s}" / "conflicts.json").write_text(json.dumps(
                 {"format_share": 0.6, "format_share_of_tokens": 0.4, "conflict_share": 0.1}))
-    rows = {}
-    for r in study_report.question_rows():
+    rows, every = {}, study_report.question_rows()
+    for r in every:
         rows.setdefault((r["q"], r["metric"]), r)                      # the first row of each (question, metric)
-    kl6 = next(r for r in study_report.question_rows() if "1e-6" in r["claim"])
+    kl6 = next(r for r in every if "1e-6" in r["claim"])
     assert kl6["units"] == 3 and kl6["verdict"] == "holds for these runs"
     q1 = rows[("Q1", "ID pass@1")]
     assert q1["units"] == 6 and q1["values"] == [pytest.approx(4 / 8 / 5)] * 6
