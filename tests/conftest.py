@@ -4,6 +4,7 @@ run train.py on it, the train.py command line, and the `needs_data` marker for r
 torch and the project's modules are imported inside the functions that use them: `pytest -n 2`'s
 controller process loads this file too, runs no test, and would otherwise import them before it starts
 the workers."""
+import gc
 import os
 import socket
 import subprocess
@@ -31,6 +32,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "needs_data" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, sympy: millions of objects) lives to the end, and each
+    full garbage collection would walk it again: moved out of the collector's sight."""
+    gc.freeze()
 
 
 def free_port():
