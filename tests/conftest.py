@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """What collection imported (torch, transformers, sympy: millions of objects) lives to the end, and each
-    full garbage collection would walk it again: moved out of the collector's sight."""
+    """What collection imported (torch, transformers, sympy) lives to the end, and every full garbage
+    collection in the tests would walk all of it again: moved out of the collector's sight."""
     gc.freeze()
 
 
