@@ -291,15 +291,16 @@ def progress(first, total, main):
 
 
 def write_config(cfg, total_steps, world, changes=None, step=0):
-    """config.json: every setting as the run uses it, what setup decided (<H>_ini, Eq. 6's gate), and
-    each resume that changed an identity setting (--allow_changes): at which step, from what to what."""
+    """config.json: every setting as the run uses it, what setup decided (<H>_ini, Eq. 6's gate), the
+    CPU threads (a CPU run repeats bit for bit only with as many), and each resume that changed an
+    identity setting (--allow_changes): at which step, from what to what."""
     path = os.path.join(cfg.output_dir, "config.json")
     os.makedirs(cfg.output_dir, exist_ok=True)          # the run folder appears once the run has started
     history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
     if changes:
         history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
     write_json(path, {**dataclasses.asdict(cfg), "entropy_filter_applied": cfg.gate, "total_steps": total_steps,
-                      "world_size": world, "changes_on_resume": history})
+                      "world_size": world, "cpu_threads": torch.get_num_threads(), "changes_on_resume": history})
 
 
 def reference_model(cfg, model):

@@ -167,9 +167,11 @@ def train_cmd(*args):
 
 @pytest.fixture
 def train_cli():
-    """train_cli(*args, timeout=900) -> CompletedProcess of `python train.py ARGS` (offline, text)."""
-    def run(*args, timeout=900):
-        return subprocess.run(train_cmd(*args), cwd=HERE, capture_output=True, text=True, env=ENV, timeout=timeout)
+    """train_cli(*args, timeout=900, env=None) -> CompletedProcess of `python train.py ARGS` (offline, text),
+    env's variables added to ENV."""
+    def run(*args, timeout=900, env=None):
+        return subprocess.run(train_cmd(*args), cwd=HERE, capture_output=True, text=True, env={**ENV, **(env or {})},
+                              timeout=timeout)
     return run
 
 

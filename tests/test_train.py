@@ -494,6 +494,7 @@ def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, ti
     assert [r_["step"] for r_ in rows] == [1] and rows[0]["completions/mean_length"] <= 8
     cfg = json.load(open(out / "config.json"))
     assert (cfg["optimizer"], cfg["batch_size"], cfg["generation_size"], cfg["dataset"]) == ("adamw_8bit", 2, 12, "gsm8k")
+    assert cfg["cpu_threads"] == torch.get_num_threads()                  # a CPU run repeats only with as many
 
 
 def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
