@@ -13,8 +13,8 @@ import sys
 import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):      # `pytest -n 2`: a thread per worker (and per process it starts), or
-    import torch                                # the two workers' threads contend for the cores and run slower
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # the two workers' threads contend for the cores and run slower
+    import torch
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
