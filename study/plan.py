@@ -165,6 +165,10 @@ def q8_arms():
             Arm("q8-grpo", "GRPO β=0, again from this warm-up", Q7_GRPO, again, "warmup-q8", Q7_EVALS)]
 
 
+# Q9's arms, each paired with its seed's warm-up evaluated (part q9)
+Q9_ARMS = (("q7-grpo", "GRPO"), ("q7-gtpo", "Eq. 7"), ("q7-released", "released"), ("q8-nogamma", "γ = 0"))
+
+
 def vs(a, b):
     """The contrast A - B of two arms."""
     return [[(1, a), (-1, b)]]
@@ -272,6 +276,13 @@ PARTS = [
                 Test("Q8", "host alone: GRPO here − GRPO in Q7", vs("q8-grpo", "q7-grpo"), "id", sign=0,
                    names=("GRPO here", "GRPO in Q7"))],
          figures=[("q8.png", "plot_q8", {})]),
+    Part("q9", "Q9: what do 200 RL steps add to the warm-up they start from?", cost="Q9", order="seed", arms=[
+             Arm("warmup-q9", "SFT warm-up, 32 steps (evaluated)", WARMUP_LONG, Q7_SEEDS, passes=(("id", "ood"),)),
+             Arm("q7-grpo", "GRPO β=0"), Arm("q7-gtpo", "GTPO, Eq. 7"), Arm("q7-released", "GTPO, released term"),
+             Arm("q8-nogamma", "GTPO, γ = 0")],
+         tests=[Test("Q9", f"{name} − warm-up", vs(name, "warmup-q9"), metric, test="sign-flip one-sided",
+                     holm=metric, names=(label, "warm-up"))
+                for metric in ("id", "ood") for name, label in Q9_ARMS]),
     Part("q5", "Q5: conflict tokens are mostly format tokens (Sec. 4.1)", section="conflict_lines"),
 ]
 

@@ -58,6 +58,7 @@ def metrics():
     ood = solvable()
     return {"id": ("ID pass@1", lambda d: pass1(d, "id")), "id-final": ("ID pass@1, final", lambda d: pass1(d, "id")),
             "id-best": ("ID pass@1, best", lambda d: pass1(d, "id-best")),
+            "ood": ("OOD pass@1", lambda d: pass1(d, "ood")),
             "ood-solvable": (f"OOD pass@1, {len(ood)} solvable", lambda d: pass1(d, "ood", ood)),
             "train": ("training accuracy %", lambda d: (train_accuracy(d), None)),
             "id16": ("ID pass@1 (16)", lambda d: pass1(d, "id")),
