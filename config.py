@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+import gtpo
 from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
 from models import ALIASES
 from rollout import PATHS
@@ -36,8 +37,10 @@ PROFILES = {"smollm2-135m": dict(lr=3e-4, lr_scheduler="cosine", generation_size
 
 
 # --released_code: the authors' code where it differs from the equations (README "equations vs released code")
+# (App. 16, Listings 2-3: every constant of the objective, so that no model's profile changes one)
 RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combine": "product",
-                 "entropy_filter": "all", "ent_threshold": 0.7, "entropy_term": "released"}
+                 "conflict_count": "longer", "sum_completions": True, "conflict_weight": 2.0,
+                 "entropy_filter": "all", "ent_threshold": 0.7, "ent_gamma": 0.1, "entropy_term": "released"}
 
 
 # what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
@@ -130,6 +133,12 @@ class Config:
                                  group="objective", choices=["or", "product"])
     conflict_norm: bool = flag(False, "divide each completion's loss by its conflict count (released code)",
                                group="objective")
+    conflict_count: str = flag("union", "the conflict count --conflict_norm divides by: union = |M^fw v M^bw| "
+                               "(App. 16's prose); longer = the longer of the two spans (released code, Listing 2 "
+                               "line 91)", group="objective", choices=list(gtpo.CONFLICT_COUNTS))
+    sum_completions: bool = flag(False, "GTPO's loss sums the completions' terms instead of averaging them "
+                                 "(released code: Listing 3 adds every completion's loss, no 1/G); "
+                                 "with --loss_type grpo", group="objective")
     entropy_filter: str = flag("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
                                "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)",
                                group="objective", choices=["auto", "all", "neg", "off"])
@@ -327,6 +336,9 @@ def finish(cfg):
         raise ConfigError(f"--one_shot with your own file {cfg.dataset!r}: say which worked example the prompt shows: "
                           f"--one_shot_from {cfg.dataset} (its first record, then not trained on), --one_shot_from "
                           f"gsm8k (a built-in dataset's), or --no-one_shot")
+    if cfg.sum_completions and cfg.loss_type != "grpo":
+        raise ConfigError(f"--sum_completions sums Eq. 7's per-completion terms (--loss_type grpo); --loss_type "
+                          f"{cfg.loss_type} has no per-completion mean to replace: drop one of the two")
     unknown = {k for k in cfg.allow_changes.split(",") if k} - set(identity_keys())
     if unknown:
         raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "

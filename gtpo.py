@@ -23,7 +23,8 @@ from typing import NamedTuple
 import torch
 
 __all__ = [
-    "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "conflict_weights",
+    "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "CONFLICT_COUNTS",
+    "conflict_weights",
     "batch_conflict_weights", "token_entropy", "entropy_filter", "entropy_gate", "filtered_stats", "LOSS_TYPES", "Totals",
     "aggregate", "gtpo_loss", "kl_k3", "grpo_loss",
 ]
@@ -125,7 +126,11 @@ def conflict_spans(ids, mask, advantages):
     return fwd, bwd
 
 
-def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or"):
+# what n_conflict counts (the released code's normalisation divides by it; README "equations vs released code")
+CONFLICT_COUNTS = ("union", "longer")
+
+
+def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or", count="union"):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21).
 
     ids (G, L) long, right-padded; mask (G, L) bool/int/float, true on real tokens;
@@ -141,7 +146,10 @@ def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or"):
     * lambda = conflict_weight on conflict tokens of A > 0 completions, 0 on those of
       A < 0 completions, 1 elsewhere, 0 on padding. A = 0 completions neither have nor
       cause conflicts.
-    * n_conflict[i] = number of conflict positions of completion i (0 when none).
+    * n_conflict[i] = number of conflict positions of completion i (0 when none): count="union",
+      |M^fw v M^bw| as App. 16's prose says; count="longer", max(|fw span|, |bw span|), what Listing 2
+      line 91 computes (it ORs the forward span with the backward one still in reversed coordinates,
+      two prefixes, so their OR is the longer).
 
     combine="product" reproduces the released code (Listing 2, `mask_fwd * mask_bw`):
     a positive completion's token that lies in BOTH spans gets conflict_weight**2 (= 4)
@@ -149,6 +157,8 @@ def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or"):
     """
     if combine not in ("or", "product"):
         raise ValueError(f"combine must be 'or' (Eq. 5) or 'product' (released code), got {combine!r}")
+    if count not in CONFLICT_COUNTS:
+        raise ValueError(f"count must be one of {', '.join(CONFLICT_COUNTS)}, got {count!r}")
     fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
     valid, pos = mask.bool(), (advantages > 0).unsqueeze(1)         # (G, L), (G, 1)
     conflict = fwd | bwd                                            # (G, L)
@@ -157,7 +167,8 @@ def conflict_weights(ids, mask, advantages, conflict_weight=2.0, combine="or"):
         weights = torch.where(~valid, 0.0, torch.where(conflict, on_conflict, 1.0))
     else:                                                           # Listing 2: mask_fwd * mask_bw
         weights = torch.where(~valid, 0.0, torch.where(fwd, on_conflict, 1.0) * torch.where(bwd, on_conflict, 1.0))
-    return weights.float(), conflict, conflict.sum(dim=1)
+    n_conflict = conflict.sum(dim=1) if count == "union" else torch.maximum(fwd.sum(dim=1), bwd.sum(dim=1))  # (G,)
+    return weights.float(), conflict, n_conflict
 
 
 def conflict_spans_loop(ids, mask, advantages):
@@ -269,7 +280,8 @@ LOSS_TYPES = ("grpo", "dapo", "dr_grpo")       # TRL's loss_type names for the s
 class Totals(NamedTuple):
     """The whole step a micro-batch belongs to, which aggregate divides by.
 
-    completions: N, this rank's completions in the step (every rank has as many);
+    completions: N, this rank's completions in the step (every rank has as many); 1 for the released
+        code's sum over completions (Listing 3 adds every completion's loss with no 1/G);
     tokens: real completion tokens of the step summed over all ranks, divided by the number of ranks;
     max_length: L_max, Dr. GRPO's constant length (the run's max_completion_length).
     """

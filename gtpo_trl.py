@@ -60,6 +60,10 @@ class GTPOConfig(GRPOConfig):
     conflict_weight: float = field(default=2.0, metadata={"help": "lambda on positive conflict tokens (Eq. 5)"})
     conflict_combine: str = field(default="or", metadata={"help": "or = Eq. 5; product = released code"})
     conflict_norm: bool = field(default=False, metadata={"help": "divide by the conflict count (released code)"})
+    conflict_count: str = field(default="union", metadata={"help": "union = |M^fw v M^bw|; longer = the longer "
+                                "span (released code, Listing 2 line 91)"})
+    sum_completions: bool = field(default=False, metadata={"help": "sum the completions' terms instead of their "
+                                  "mean (released code, Listing 3); with loss_type grpo"})
     entropy_filter: str = field(default="auto", metadata={"help": "auto (Eq. 6: filter iff <H>_ini < ln 2, "
                                                           "<H>_ini from the first batch), all, neg, off"})
     ent_threshold: float = field(default=math.log(2), metadata={"help": "threshold on <H>_i (Eq. 6)"})
@@ -103,9 +107,13 @@ class GTPOConfig(GRPOConfig):
             raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
                              f"('none' = the released code)")
         if (self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", "all", "neg", "off")
-                or self.entropy_term not in ("eq7", "released")):
+                or self.entropy_term not in ("eq7", "released") or self.conflict_count not in gtpo.CONFLICT_COUNTS):
             raise ValueError("GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is auto, all, neg "
-                             "or off; entropy_term is eq7 or released")
+                             f"or off; entropy_term is eq7 or released; conflict_count is "
+                             f"{' or '.join(gtpo.CONFLICT_COUNTS)}")
+        if self.sum_completions and self.loss_type != "grpo":
+            raise ValueError(f"GTPOConfig: sum_completions sums Eq. 7's per-completion terms (loss_type 'grpo'); "
+                             f"loss_type={self.loss_type!r} has no per-completion mean to replace")
 
 
 def token_advantages(ids, mask, advantages, h, group_size, args, gate):
@@ -122,7 +130,8 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
     a = torch.where(flat, torch.zeros_like(a), a).reshape(-1)                       # (N,)
     weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size,
                                                             conflict_weight=args.conflict_weight,
-                                                            combine=args.conflict_combine)   # (N, T)
+                                                            combine=args.conflict_combine,
+                                                            count=args.conflict_count)        # (N, T)
     if args.entropy_term == "eq7":
         shaped = gtpo.entropy_filter(a, h, args.ent_threshold, gate)                # (N,) delta_i A_i, Eq. 6
     else:
@@ -157,15 +166,21 @@ class GTPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         """TRL's loss + gamma <H>_i of each completion of the micro-batch (Eq. 7, entropy_term "eq7"),
-        aggregated by gtpo.aggregate as TRL aggregates its loss_type, gradient accumulation included."""
+        aggregated by gtpo.aggregate as TRL aggregates its loss_type, gradient accumulation included;
+        with sum_completions, times the step's completions on this process (the sum, not the mean)."""
         loss = super()._compute_loss(model, inputs)
+        if self.args.sum_completions:
+            loss = loss * self._totals(inputs).completions
         if self.args.entropy_term != "eq7" or not self.args.ent_gamma:
             return loss
         mask = inputs["completion_mask"]
         h = gtpo.masked_mean(self._entropies, mask, dim=1)                            # (n,) <H>_i, with grad
         self._entropies = None
+        totals = self._totals(inputs)
+        if self.args.sum_completions:
+            totals = totals._replace(completions=1.0)
         term = gtpo.aggregate(torch.zeros(mask.shape, dtype=h.dtype, device=h.device), mask, self.args.loss_type,
-                              per_seq=self.args.ent_gamma * h, totals=self._totals(inputs))
+                              per_seq=self.args.ent_gamma * h, totals=totals)
         return loss + term
 
     def _totals(self, inputs):

@@ -87,13 +87,15 @@ def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None
 
 
 def step_totals(cfg, mask, ranks=None):
-    """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions, the step's
-    real completion tokens averaged over ranks (ranks: runs.Dist under torchrun; only "dapo" reads
-    it), and L_max = max_completion_length. mask (N, L) -> gtpo.Totals."""
+    """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions (1 for GTPO
+    with --sum_completions: the released loss is their sum), the step's real completion tokens averaged
+    over ranks (ranks: runs.Dist under torchrun; only "dapo" reads it), and L_max =
+    max_completion_length. mask (N, L) -> gtpo.Totals."""
     tokens = float(mask.sum())
     if cfg.loss_type == "dapo" and ranks is not None:
         tokens = ranks.mean({"tokens": tokens})["tokens"]
-    return gtpo.Totals(len(mask), tokens, cfg.max_completion_length)
+    completions = 1 if cfg.sum_completions and cfg.method == "gtpo" else len(mask)
+    return gtpo.Totals(completions, tokens, cfg.max_completion_length)
 
 
 def entropy_grad(cfg):
@@ -183,7 +185,8 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     weights = conflict = n_conf = None
     if cfg.method == "gtpo":
         weights, conflict, n_conf = gtpo.batch_conflict_weights(
-            ro.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
+            ro.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine,
+            count=cfg.conflict_count)
     if conflict_log is not None:
         conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys

@@ -186,8 +186,9 @@ def test_released_code_selects_every_released_behaviour_and_given_flags_win():
         ("released", True, False, "auto")      # the entropy term by docs/study.md part 7's rule; the rest Eq. 6-8
     assert parse_args([]).entropy_term == "eq7"                          # the demo profile's own choice
     assert {k: getattr(rel, k) for k in RELEASED_CODE} == {
-        "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "entropy_filter": "all",
-        "ent_threshold": 0.7, "entropy_term": "released"} and rel.released_code
+        "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "conflict_count": "longer",
+        "sum_completions": True, "conflict_weight": 2.0, "entropy_filter": "all", "ent_threshold": 0.7,
+        "ent_gamma": 0.1, "entropy_term": "released"} and rel.released_code
     mixed = parse_args(["--released_code", "--entropy_term", "eq7", "--ent_threshold", "0.5"])
     assert (mixed.entropy_term, mixed.ent_threshold, mixed.conflict_combine) == ("eq7", 0.5, "product")
 

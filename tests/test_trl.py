@@ -49,12 +49,16 @@ def _trainer(tmp_path, model, tok, **kw):
 @pytest.mark.parametrize("term", ["eq7", "released"])
 @pytest.mark.parametrize("gate,norm,temperature,loss_type", [
     ("off", False, 1.0, "grpo"), ("all", False, 1.0, "grpo"), ("neg", True, 1.0, "grpo"), ("all", True, 1.0, "grpo"),
-    ("all", False, 0.7, "grpo"), ("all", True, 1.0, "dapo"), ("neg", False, 1.0, "dr_grpo")])
+    ("all", False, 0.7, "grpo"), ("all", True, 1.0, "dapo"), ("neg", False, 1.0, "dr_grpo"),
+    ("all", "released", 1.0, "grpo")])
 def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature, loss_type,
                                                term):
     """Both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7" both
     add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
-    as the loss type says (TRL's normalisers, train.py's gtpo.aggregate)."""
+    as the loss type says (TRL's normalisers, train.py's gtpo.aggregate). norm "released": every switch of the
+    released code's conflict masks and loss (product, the count of Listing 2 line 91, the sum over completions)."""
+    released = dict(conflict_combine="product", conflict_count="longer", sum_completions=True)
+    switches = dict(conflict_norm=True, **released) if norm == "released" else dict(conflict_norm=norm)
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     ids, mask, adv = _planted(model.config.vocab_size)
     ids = ids.masked_fill(mask == 0, tok.pad_token_id)
@@ -64,7 +68,7 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     with torch.no_grad():
         _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=temperature)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
-    t = _trainer(tmp_path, model, tok, entropy_filter=gate, conflict_norm=norm, ent_threshold=float(h.median()),
+    t = _trainer(tmp_path, model, tok, entropy_filter=gate, **switches, ent_threshold=float(h.median()),
                  temperature=temperature, entropy_term=term, loss_type=loss_type)
     torch.testing.assert_close(t._mean_entropy({"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
                                                 "completion_mask": mask}, "train"), h)
@@ -84,10 +88,13 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     model.zero_grad()
     ours_adv = gtpo.group_advantages(torch.tensor([2., 0, 0, 0, 5, 5, 5, 5]), 4)   # ~ adv's signs, exact 0s
     ours_adv = torch.where(ours_adv == 0, 0.0, adv)
-    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)
-    cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, conflict_norm=norm,
+    cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, **switches,
                  ent_threshold=float(h.median()), temperature=temperature, entropy_term=term, loss_type=loss_type,
                  max_completion_length=t.args.max_completion_length)
+    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4, combine=cfg.conflict_combine,
+                                                     count=cfg.conflict_count)
+    if norm == "released":                                             # the fixture's two counts differ
+        assert not torch.equal(n_conf, gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)[2])
     logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature,
                                   entropy_grad=step.entropy_grad(cfg))
     h_ours = gtpo.masked_mean(ent, mask, dim=1)                        # (N,) with grad under "eq7"
@@ -217,8 +224,8 @@ def test_defaults_are_the_papers(tmp_path):
     ours = {f.name: f.default for f in dataclasses.fields(Config)}
     added = [f.name for f in dataclasses.fields(GTPOConfig) if f.name not in {g.name for g in dataclasses.fields(
         GTPOConfig.__mro__[1])}]
-    assert sorted(added) == ["conflict_combine", "conflict_norm", "conflict_weight", "ent_gamma", "ent_threshold",
-                             "entropy_filter", "entropy_term"]
+    assert sorted(added) == ["conflict_combine", "conflict_count", "conflict_norm", "conflict_weight", "ent_gamma",
+                             "ent_threshold", "entropy_filter", "entropy_term", "sum_completions"]
     assert {k: getattr(a, k) for k in added + ["loss_type"]} == {k: ours[k] for k in added + ["loss_type"]}
 
 
