@@ -77,9 +77,37 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
-def flag(default, help, group="recipe", **kw):
-    """A Config field with its command-line help; group None keeps it off the command line."""
-    return dataclasses.field(default=default, metadata={"help": help, "group": group, **kw})
+# the ranges a flag's value must lie in: (test, words); a value outside is refused as the command line is parsed
+POSITIVE = (lambda v: math.isfinite(v) and v > 0, "> 0")
+AT_LEAST_0 = (lambda v: v >= 0, ">= 0")                          # nan is refused too
+AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
+FINITE = (math.isfinite, "a finite number")
+FINITE_AT_LEAST_0 = (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
+FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
+STEPS = (lambda v: v == -1 or v >= 1, ">= 1, or -1")
+
+
+def checked(kind, check):
+    """An argparse `type`: kind(text), refused in one line (argparse names the flag) outside check's range."""
+    test, words = check
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
+        return value
+    parse.__name__ = kind.__name__                                  # argparse's own messages name the kind
+    return parse
+
+
+def flag(default, help, group="recipe", check=None, **kw):
+    """A Config field with its command-line help and, with check, the range its value must lie in; group None
+    keeps it off the command line."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, "check": check, **kw})
 
 
 @dataclass
@@ -91,14 +119,14 @@ class Config:
     task: str = flag("auto", "how answers are compared: auto = the dataset's own (a .jsonl file: numbers where the "
                      "reference is one, LaTeX with math-verify otherwise), numeric, or latex",
                      choices=["auto", "numeric", "latex"])
-    batch_size: int = flag(1, "PROMPTS per optimizer step; each gets --generation_size completions")
-    generation_size: int = flag(12, "G, completions per prompt")
-    epochs: int = flag(1, "passes over the training prompts")
-    max_steps: int = flag(-1, "optimizer steps, -1 = --epochs decide")
-    max_prompt_length: int = flag(4000, "longer prompts are dropped (and counted)")
-    max_completion_length: int = flag(1500, "max new tokens per completion")
+    batch_size: int = flag(1, "PROMPTS per optimizer step; each gets --generation_size completions", check=AT_LEAST_1)
+    generation_size: int = flag(12, "G, completions per prompt", check=AT_LEAST_1)
+    epochs: int = flag(1, "passes over the training prompts", check=AT_LEAST_1)
+    max_steps: int = flag(-1, "optimizer steps, -1 = --epochs decide", check=STEPS)
+    max_prompt_length: int = flag(4000, "longer prompts are dropped (and counted)", check=AT_LEAST_1)
+    max_completion_length: int = flag(1500, "max new tokens per completion", check=AT_LEAST_1)
     temperature: float = flag(1.0, "sampling temperature; log-probs and entropies are of softmax(logits / T), "
-                              "the distribution sampled")
+                              "the distribution sampled", check=POSITIVE)
     one_shot: bool = flag(False, "show one worked example (tag format) before the question")
     one_shot_from: str = flag(None, "the dataset whose first train record is that example (not trained on when it "
                               "is the training set) [default: the training dataset if built-in; a .jsonl dataset "
@@ -106,29 +134,34 @@ class Config:
     optimizer: str = flag("adamw_8bit", "adamw_8bit = bitsandbytes 8-bit AdamW, paged on CUDA (Listing 1's "
                           "paged_adamw_8bit); adam = the same, as the authors' README spells it; adamw_torch = "
                           "torch.optim.AdamW", choices=["adamw_8bit", "adam", "adamw_torch"])
-    lr: float = flag(1e-6, "learning rate")
-    adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9; demo 0.9]", type=float)
-    adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95; demo 0.95]", type=float)
-    weight_decay: float = flag(0.1, "AdamW weight decay")
-    warmup_ratio: float = flag(0.005, "linear warm-up fraction of the schedule")
+    lr: float = flag(1e-6, "learning rate", check=POSITIVE)
+    adam_beta1: float = flag(None, "Adam beta1 [default: GTPO 0.999999, GRPO/SFT 0.9; demo 0.9]", type=float,
+                             check=BETA)
+    adam_beta2: float = flag(None, "Adam beta2 [default: GTPO 0.999999, GRPO/SFT 0.95; demo 0.95]", type=float,
+                             check=BETA)
+    weight_decay: float = flag(0.1, "AdamW weight decay", check=FINITE_AT_LEAST_0)
+    warmup_ratio: float = flag(0.005, "linear warm-up fraction of the schedule", check=FRACTION)
     lr_scheduler: str = flag("cosine", "after the warm-up: cosine decay to 0 (Listing 1) or constant",
                              choices=["cosine", "constant"])
-    max_grad_norm: float = flag(0.1, "gradient clipping norm")
+    max_grad_norm: float = flag(0.1, "gradient clipping norm", check=POSITIVE)
     lora_rank: int = flag(None, "LoRA rank on q,k,v,o,gate,up,down; 0 = full fine-tuning "
-                          "[default: Llama 128, Qwen and others 64, demo 32]", type=int)
+                          "[default: Llama 128, Qwen and others 64, demo 32]", type=int, check=AT_LEAST_0)
     load_in_4bit: bool = flag(None, "4-bit NF4 base weights [default: on with CUDA; off on CPU, where it "
                               "works but is slow]", type=bool)
     dtype: str = flag("auto", "weights and 4-bit compute dtype (auto = bf16 on a CUDA GPU that has it, else fp32)",
                       choices=["auto", "float32", "bfloat16"])
     seed: int = flag(3407, "random seed")
     sft_warmup_steps: int = flag(0, "SFT steps (batch_size x G worked solutions each) before RL; its last "
-                                 "is saved as checkpoint-N, RL's start")
+                                 "is saved as checkpoint-N, RL's start", check=AT_LEAST_0)
     sft_warmup_lr: float = flag(None, "the SFT warm-up's learning rate, constant; it runs with SFT's Adam betas, and "
-                                "RL then starts a fresh optimizer and its own schedule [default: --lr]", type=float)
+                                "RL then starts a fresh optimizer and its own schedule [default: --lr]", type=float,
+                                check=POSITIVE)
     # ---- the objective
-    beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective")
-    clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective")
-    conflict_weight: float = flag(2.0, "lambda on conflict tokens of positive completions (Eq. 5)", group="objective")
+    beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective",
+                       check=FINITE_AT_LEAST_0)
+    clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective", check=FINITE_AT_LEAST_0)
+    conflict_weight: float = flag(2.0, "lambda on conflict tokens of positive completions (Eq. 5)", group="objective",
+                                  check=FINITE_AT_LEAST_0)
     conflict_combine: str = flag("or", "or = Eq. 5 (2 in overlapping spans); product = released code (4)",
                                  group="objective", choices=["or", "product"])
     conflict_norm: bool = flag(False, "divide each completion's loss by its conflict count (released code)",
@@ -142,8 +175,9 @@ class Config:
     entropy_filter: str = flag("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
                                "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)",
                                group="objective", choices=["auto", "all", "neg", "off"])
-    ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective")
-    ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective")
+    ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective",
+                                check=AT_LEAST_0)
+    ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective", check=FINITE)
     # released, not Eq. 7 as written: the rule declared in docs/study.md part 7 chose it from Q8's runs
     entropy_term: str = flag("released", "released = -gamma <H>_i folded into the advantage (A_i - gamma <H>_i), "
                              "detached, and zeroed by delta_i with it (released code); eq7 = a term of its own for "
@@ -156,7 +190,7 @@ class Config:
     released_code: bool = flag(False, "every released-code behaviour at once: " + ", ".join(
         f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in RELEASED_CODE.items())
         + " (flags given beside it win)", group="objective")
-    ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini", group="objective")
+    ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini", group="objective", check=AT_LEAST_1)
     scale_rewards: bool = flag(True, "divide advantages by the group std (Eq. 8); --no-scale_rewards = released code",
                                group="objective")
     # ---- the run
@@ -164,7 +198,9 @@ class Config:
                          group="run", type=str)
     output_dir: str = flag(None, "metrics, samples and checkpoints [default: runs/<method>-<model>-<dataset>]",
                            group="run", type=str)
-    overwrite: bool = flag(False, "reuse an output_dir that holds another run (its files are replaced)", group="run")
+    overwrite: bool = flag(False, "reuse an output_dir that holds another run: once this run has loaded, the old "
+                           "one moves whole to <output_dir>.replaced, deleted at this run's first checkpoint",
+                           group="run")
     resume: bool = flag(False, "continue from the last checkpoint in output_dir", group="run")
     allow_changes: str = flag("", "with --resume: recipe or objective settings that may differ from the run's "
                               "(comma-separated, e.g. lr,max_steps); recorded in config.json", group="run",
@@ -172,8 +208,9 @@ class Config:
     init_from: str = flag(None, "start from another run's final/ or checkpoint-N/ weights (e.g. SFT, then RL); "
                           "same --lora_rank", group="run", type=str, metavar="DIR")
     device: str = flag(None, "cuda, cuda:1 or cpu [default: cuda if available]", group="run", type=str)
-    save_steps: int = flag(500, "checkpoint every N steps", group="run")
-    sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run")
+    save_steps: int = flag(500, "checkpoint every N steps", group="run", check=AT_LEAST_1)
+    sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run",
+                             check=AT_LEAST_0)
     report_to: str = flag("none", "also log to Weights & Biases", group="run", choices=["none", "wandb"])
     # ---- memory and speed
     rollout: str = flag("auto", "sampler: generate (model.generate through the policy), merged (generate through a "
@@ -182,13 +219,13 @@ class Config:
                         "elsewhere]", group="memory", choices=list(PATHS))
     micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
                                  "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
-                                 type=int)
+                                 type=int, check=AT_LEAST_0)
     memory_budget_gb: float = flag(None, "GPU memory the run may use, CUDA context included [default: the "
-                                   "device's total]", group="memory", type=float)
+                                   "device's total]", group="memory", type=float, check=POSITIVE)
     sft_micro_batch_size: int = flag(0, "worked solutions per forward/backward in SFT steps, 0 = as "
-                                     "--micro_batch_size", group="memory")
+                                     "--micro_batch_size", group="memory", check=AT_LEAST_0)
     logprob_chunk: int = flag(256, "completion tokens per LM-head chunk for log-probs/entropy (0 = full (N, L, V) "
-                              "logits)", group="memory")
+                              "logits)", group="memory", check=AT_LEAST_0)
     tf32: bool = flag(True, "CUDA: the LM head's fp32 GEMMs in TF32 (10-bit mantissa inputs, fp32 accumulate; "
                       "the log-softmax stays fp32); --no-tf32 = full fp32", group="memory")
     share_prompt: bool = flag(True, "gradient pass: each prompt computed once per group, and in SFT steps the "
@@ -199,7 +236,7 @@ class Config:
                                         "fits one micro-batch without it; off on CPU]", group="memory", type=bool)
     merge_lora: bool = flag(True, "sample with LoRA merged into copies of the base weights", group="cpu")
     heap_mmap_mb: float = flag(0.0, "glibc: freed blocks above this size (MB) go back to the OS at once (lower "
-                               "peak RSS, slower steps); 0 = glibc's default", group="cpu")
+                               "peak RSS, slower steps); 0 = glibc's default", group="cpu", check=FINITE_AT_LEAST_0)
     # ---- set by the program, not by a flag
     min_new_tokens: int = flag(0, "EOS barred before this many tokens (the benchmarks force lengths)", group=None)
     h_ini: float = flag(None, "<H>_ini measured at setup (Sec. 6), which Eq. 6's auto filter reads", group=None)
@@ -261,28 +298,50 @@ def build_parser(description=None):
         group, help = meta.pop("group"), meta.pop("help")
         if group is None:
             continue
+        check = meta.pop("check")
         if f.type is bool or meta.get("type") is bool:
             meta.pop("type", None)
             switch = f.default is False and f.name not in PROFILES["smollm2-135m"]
             meta["action"] = "store_true" if switch else argparse.BooleanOptionalAction
         elif "type" not in meta:
             meta["type"] = type(f.default)
+        if check:
+            meta["type"] = checked(meta["type"], check)
         groups[group].add_argument(f"--{f.name}", help=help + default_help(f), **meta)
     return p
 
 
 def parse_args(argv=None, description=None):
     """Command line -> a checked Config: flags given > --released_code's settings > the model's profile >
-    the paper's defaults."""
+    the paper's defaults. A flag the method never reads is said once, on stderr (rank 0 under torchrun)."""
     given = vars(build_parser(description).parse_args(argv))
     profile = PROFILES.get(given.get("model", Config.model), {})
     released = RELEASED_CODE if given.get("released_code") else {}
     cfg = finish(Config(**{**profile, **released, **given}))
+    unused = [f"--{name}" for name in unused_flags(cfg) if name in given]
+    if unused and os.environ.get("RANK", "0") == "0":
+        print(f"note: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --use_{cfg.method}",
+              file=sys.stderr)
     if cfg.resume:
         for name, flags in KEPT_ON_RESUME.items():
             if not flags & given.keys():
                 setattr(cfg, name, recorded(cfg.output_dir, name, getattr(cfg, name)))
     return cfg
+
+
+GTPO_ONLY = ("conflict_weight", "conflict_combine", "conflict_norm", "conflict_count", "sum_completions")
+ENTROPY = ("ent_threshold", "ent_gamma", "entropy_term", "ent_ini_prompts")
+
+
+def unused_flags(cfg):
+    """The objective's settings this run's method never reads: GRPO reads no conflict setting and, without a
+    filter of its own (App. 14), no entropy setting; GTPO reads no KL weight or clip; SFT none of them."""
+    objective = [f.name for f in dataclasses.fields(Config) if f.metadata.get("group") == "objective"]
+    if cfg.method == "sft":
+        return objective
+    if cfg.method == "gtpo":
+        return ["beta", "clip_eps"]
+    return list(GTPO_ONLY) + (list(ENTROPY) if cfg.entropy_filter in ("auto", "off") else [])
 
 
 # what --resume takes from the run's config.json unless one of these flags is given
@@ -316,11 +375,6 @@ def finish(cfg):
     if cfg.method != "sft" and cfg.generation_size < 2:
         raise ConfigError(f"--generation_size {cfg.generation_size}: GRPO and GTPO compare completions within "
                           f"a group and need G >= 2 (the paper uses 8 or 12); for one sample per prompt use --use_sft")
-    if cfg.batch_size < 1:
-        raise ConfigError("--batch_size must be >= 1 (prompts per optimizer step)")
-    if cfg.max_steps == 0 or cfg.max_steps < -1:
-        raise ConfigError(f"--max_steps {cfg.max_steps}: give a number of optimizer steps >= 1, "
-                          f"or -1 to let --epochs decide")
     if cfg.method != "sft" and 0 < cfg.max_steps <= cfg.sft_warmup_steps:
         raise ConfigError(f"--max_steps {cfg.max_steps} counts every optimizer step, and the first "
                           f"--sft_warmup_steps {cfg.sft_warmup_steps} are SFT: this run would take no {cfg.method.upper()} "
@@ -336,6 +390,8 @@ def finish(cfg):
         raise ConfigError(f"--one_shot with your own file {cfg.dataset!r}: say which worked example the prompt shows: "
                           f"--one_shot_from {cfg.dataset} (its first record, then not trained on), --one_shot_from "
                           f"gsm8k (a built-in dataset's), or --no-one_shot")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume continues the run in --output_dir and --overwrite replaces it: give one of them")
     if cfg.sum_completions and cfg.loss_type != "grpo":
         raise ConfigError(f"--sum_completions sums Eq. 7's per-completion terms (--loss_type grpo); --loss_type "
                           f"{cfg.loss_type} has no per-completion mean to replace: drop one of the two")
@@ -353,6 +409,15 @@ def finish(cfg):
     if cfg.output_dir is None:
         cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{task_name(cfg.dataset)}")
     return cfg
+
+
+def check_device(device):
+    """A CUDA device asked for where torch has none: refused before anything loads (config decisions for a
+    CUDA device can still be computed on any host, as the tests and `bench --parts memory` do)."""
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        why = "this torch is the CPU build" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__}); use --device cpu, or install "
+                          f"the CUDA build of torch (README, On a GPU)")
 
 
 def training_records(cfg, log=print):

@@ -40,6 +40,11 @@ class DataError(ValueError):
     """A dataset that cannot be found or read; the message says how to fix it."""
 
 
+class BadRecord(DataError):
+    """A record whose fields have the wrong type (a number for the question, a list for the answer): the
+    file is wrong, not one record incomplete, so the load stops at its file:line instead of skipping it."""
+
+
 # -----------------------------------------------------------------------------
 # answer extraction from upstream formats
 
@@ -67,8 +72,11 @@ def split_gsm8k(answer_field):
     return final.strip().replace(",", ""), re.sub(r"<<[^>]*>>", "", sol).strip()
 
 
-def _number_text(x):
-    """27.0 -> "27", 0.5 -> "0.5", "025" -> "025" (strings stay as they are)."""
+def answer_text(x, where="answer"):
+    """A reference answer as text: 27.0 -> "27", 0.5 -> "0.5", " 025" -> "025"; a string or a number only
+    (a list, an object or true/false is refused, naming `where`)."""
+    if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+        raise DataError(f"{where}: an answer must be a string or a number, got {type(x).__name__} {str(x)[:60]}")
     if isinstance(x, float) and x.is_integer():
         return str(int(x))
     return str(x).strip()
@@ -79,23 +87,38 @@ def to_record(obj, where="record"):
     q = next((obj[k] for k in ("question", "problem", "Question", "Problem") if obj.get(k)), None)
     ans = next((obj[k] for k in ("answer", "Answer") if obj.get(k) is not None), None)
     sol = next((obj[k] for k in ("solution", "Solution") if obj.get(k)), None)
+    for name, value in (("question", q), ("solution", sol)):
+        if value is not None and not isinstance(value, str):
+            raise BadRecord(f"{where}: the {name} must be a string, got {type(value).__name__} {str(value)[:60]}")
+    if ans is not None:
+        try:
+            answer_text(ans, where)
+        except DataError as e:
+            raise BadRecord(str(e)) from None
     if isinstance(ans, str) and "####" in ans:                      # GSM8K layout
         ans, sol = split_gsm8k(ans)
     elif ans is None and isinstance(sol, str):                      # MATH layout
         ans = last_boxed(sol)
-    if q is None or ans is None or _number_text(ans) == "":
+    if q is None or ans is None or answer_text(ans) == "":
         raise DataError(f"{where}: need a question ('question' or 'problem') and an answer ('answer', "
                         f"a GSM8K '#### N' answer, or a 'solution' with \\boxed{{}}); found fields {sorted(obj)}")
-    return {"question": q, "answer": _number_text(ans), "solution": sol}
+    return {"question": q, "answer": answer_text(ans), "solution": sol}
 
 
 def read_jsonl(path, log_torn=None):
     """Rows of a JSONL file as (line number, object); a malformed line raises DataError naming
     file and line. log_torn: for append-only logs, a malformed LAST line -- what a kill or a full
     disk leaves mid-write -- is dropped instead and reported through log_torn(message)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    rows, lines = [], []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text (byte {e.start + 1} of the line is {raw[e.start]:#x}); "
+                                f"save the file as UTF-8") from None
+            if line.strip():
+                lines.append((n, line))
     for k, (n, line) in enumerate(lines):
         try:
             obj = json.loads(line)
@@ -125,10 +148,15 @@ def _records(rows, path, name):
     """Upstream rows -> records. Rows without a usable final answer (one MATH train item
     upstream has an empty \\boxed{}) are skipped with a warning giving the count;
     if no row is usable the first problem is raised."""
+    if not rows:
+        raise DataError(f"{path}: no records (the file is empty or holds only blank lines); one JSON object "
+                        f"per line with 'question' and 'answer'")
     out, skipped = [], []
     for n, obj in rows:
         try:
             rec = to_record(obj, f"{path}:{n}")
+        except BadRecord:
+            raise
         except DataError as e:
             skipped.append(e)
             continue

@@ -27,8 +27,11 @@ import torch
 
 import rewards
 import runs
+from runs import ConfigError
 from data import DataError, format_prompt, load_task, longest_prompt, one_shot_example, read_jsonl, task_name
-from models import ModelError, load_model, pick_dtype, quiet_peft
+from config import check_device
+from drift import drift
+from models import ModelError, load_eval_model, pick_dtype
 from plots import model_label, plot_main, plot_passk
 from rewards import answers_equal, extract_answer
 
@@ -197,25 +200,6 @@ def read_rows(path):
 # -----------------------------------------------------------------------------
 # 2. sampling
 
-def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
-    """The base model, with a trained LoRA adapter (PEFT folder) or full fine-tuned weights on top."""
-    if adapter and not os.path.isdir(adapter):
-        raise ModelError(f"--adapter {adapter!r} is not a folder; give a run's final/ or checkpoint-N/ folder")
-    if adapter and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
-        if os.path.isfile(os.path.join(adapter, "config.json")):     # a --lora_rank 0 run: full weights
-            model, tok, _ = load_model(adapter, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype,
-                                       log=log)
-            return model.eval(), tok
-        raise ModelError(f"--adapter {adapter!r} holds neither adapter_config.json (LoRA) nor config.json "
-                         f"(full weights); give a run's final/ or checkpoint-N/ folder")
-    model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype, log=log)
-    if adapter:
-        from peft import PeftModel
-        with quiet_peft():
-            model = PeftModel.from_pretrained(model, adapter)
-    return model.eval(), tok
-
-
 def pick_sampler(args, model, tok, records, example, device, log=print):
     """--rollout auto on CUDA: the kept merged copy (merged_rollout.py) when sampling with it held fits the
     device (memory.sampling_card at this evaluation's rows and longest prompt), else `generate`;
@@ -288,46 +272,14 @@ def sample(model, tok, records, task, args, example, out_f, rows=()):
     return rows
 
 
-def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu", steps=None):
-    """KL(pi_c || pi_start) at the start and at each scheduled checkpoint c of a training run
-    (runs.saved_checkpoints): k3 (Eq. 1's KL estimator) averaged over the tokens pi_c samples for
-    `records` (n_samples each, the same seed at every checkpoint); pi_start is what the run began
-    from (its --init_from). A beta = 0 run computes no KL while training; this measures how far it
-    moved. steps: only these (0 = the start); default all. -> a list of {step, kl, tokens}."""
-    from gtpo import kl_k3, masked_mean
-    from gtpo_logprobs import sequence_logprobs
-    from rollout import rollout
-    cfg = runs.read_json(os.path.join(run_dir, "config.json"))
-    if not cfg.get("init_from"):
-        raise DataError(f"--drift {run_dir}: the run has no --init_from to measure the drift from")
-    start, tok = load_eval_model(cfg["model"], cfg["init_from"], device, False)
-    prompts = [format_prompt(tok, r["question"], example) for r in records]
-    at = {0: cfg["init_from"], **runs.saved_checkpoints(run_dir, cfg)}     # step 0, the start: 0 exactly
-    missing = sorted(set(steps or ()) - set(at))
-    if missing:
-        raise DataError(f"--drift_steps {missing}: {run_dir} has no scheduled checkpoint there (it has {sorted(at)})")
-    points = []
-    for step, adapter in sorted((n, a) for n, a in at.items() if steps is None or n in steps):
-        policy, _ = load_eval_model(cfg["model"], adapter, device, False)
-        torch.manual_seed(seed)
-        ro = rollout(policy, tok, prompts, n_samples, max_new_tokens, temperature=1.0)
-        batch = ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask
-        with torch.no_grad():
-            logp, _ = sequence_logprobs(policy, *batch, with_entropy=False)              # (N, L)
-            start_logp, _ = sequence_logprobs(start, *batch, with_entropy=False)         # (N, L)
-        kl = masked_mean(kl_k3(logp, start_logp), ro.completion_mask)                   # over real tokens
-        points.append({"step": step, "kl": float(kl), "tokens": int(ro.completion_mask.sum())})
-        print(f"step {step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} tokens", flush=True)
-    return points
-
-
 # -----------------------------------------------------------------------------
 # 3. main
 
 def parse_args(argv=None):
-    from config import Parser                           # train.py's flag spelling and errors
+    from config import AT_LEAST_0, AT_LEAST_1, POSITIVE, Parser, checked   # train.py's flag spelling, errors, ranges
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
+    count, at_least_1, positive = checked(int, AT_LEAST_0), checked(int, AT_LEAST_1), checked(float, POSITIVE)
     a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
     a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
     a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, amc23, arithmetic, or a .jsonl path")
@@ -335,16 +287,16 @@ def parse_args(argv=None):
       help="how answers are compared (train.py's --task): auto = the dataset's own")
     a("--split", default="test", help="dataset split (default test)")
     a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl (default $GTPO_DATA_DIR, then the Hub)")
-    a("--limit", type=int, default=None, help="evaluate the first N problems only")
-    a("--n_samples", type=int, default=8, help="completions per problem (paper: 32; 64 for AIME)")
-    a("--k", type=int, nargs="+", default=None, help="k values (default: powers of 2 up to n_samples)")
-    a("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0)")
-    a("--max_completion_length", type=int, default=None, help="max new tokens (default 1500; 96 for smollm2-135m)")
-    a("--batch_size", type=int, default=32, help="completions per rollout call (a problem's n samples may span calls)")
+    a("--limit", type=count, default=None, help="evaluate the first N problems only")
+    a("--n_samples", type=at_least_1, default=8, help="completions per problem (paper: 32; 64 for AIME)")
+    a("--k", type=at_least_1, nargs="+", default=None, help="k values (default: powers of 2 up to n_samples)")
+    a("--temperature", type=positive, default=1.0, help="sampling temperature (paper: 1.0)")
+    a("--max_completion_length", type=at_least_1, default=None, help="max new tokens (default 1500; 96 for smollm2-135m)")
+    a("--batch_size", type=at_least_1, default=32, help="completions per rollout call (a problem's n samples may span calls)")
     a("--one_shot_from", default=None, metavar="DATASET",
       help="dataset whose first train record is shown as a worked example, or 'none' "
            "(default: arithmetic for smollm2-135m, as in its training demo; none otherwise)")
-    a("--maj_subsets", type=int, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
+    a("--maj_subsets", type=at_least_1, default=2000, help="random k-subsets per problem for maj@k when exact is costly")
     a("--seed", type=int, default=0, help="sampling seed")
     a("--rollout", choices=["auto", "generate", "merged", "shared"], default="auto",
       help="sampler, as train.py's: auto = on CUDA the merged copy when it fits the device, else generate; on "
@@ -359,7 +311,7 @@ def parse_args(argv=None):
     a("--rescore", default=None, metavar="SAMPLES_JSONL", help="re-score a saved samples.jsonl instead of sampling")
     a("--plot", nargs="+", default=None, metavar="RESULTS_JSON", help="overlay pass@k/maj@k of these results")
     a("--curves", nargs="+", default=None, metavar="METRICS_JSONL", help="plot training curves of these runs")
-    a("--smooth", type=int, default=5, help="moving-average window for --curves")
+    a("--smooth", type=at_least_1, default=5, help="moving-average window for --curves")
     a("--render", default=None, metavar="SAMPLES_JSONL",
       help="draw a GTPO group logged in a training run's samples.jsonl like Fig. 9 (PNG + HTML)")
     a("--render_step", type=int, default=None, help="the step of the group to draw (default: the last with conflicts)")
@@ -397,13 +349,62 @@ def one_shot(args, model):
     return name, None if name == "none" else one_shot_example(load_task(name, "train", args.data_dir)[0])
 
 
+def adapter_folder(adapter, log=print):
+    """--adapter as given, or a training run's final/ when the run's own folder is given (said once)."""
+    if adapter and runs.is_training_run(adapter):
+        final = os.path.join(adapter, "final")
+        if not os.path.isdir(final):
+            found = sorted(os.path.basename(c) for c in runs.saved_checkpoints(adapter).values()) or ["none yet"]
+            raise ModelError(f"--adapter {adapter!r} is a training run's folder without final/ (checkpoints: "
+                             f"{', '.join(found)}); give one of its checkpoint-N/ folders")
+        log(f"--adapter {adapter} is a training run's folder: evaluating its final/ ({final})")
+        return final
+    return adapter
+
+
+def default_output_dir(args):
+    """runs/eval-<model>-<dataset>[-<run>-<final or checkpoint-N>]: each adapter of a run its own folder."""
+    tag = ""
+    if args.adapter:
+        path = os.path.abspath(args.adapter)
+        tag = f"-{os.path.basename(os.path.dirname(path))}-{os.path.basename(path)}"
+    return os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task_name(args.dataset)}{tag}")
+
+
+EVAL_ARGS = ("model", "adapter", "dataset", "split", "task", "n_samples", "temperature", "max_completion_length",
+             "one_shot_from", "seed", "load_in_4bit", "dtype")   # what makes the samples (--limit may grow)
+
+
+def check_output_dir(args, out):
+    """Refuse a training run's folder (whatever the flags), an evaluation of other settings on --resume
+    (eval_args.json), and one that exists without --resume or --overwrite."""
+    if runs.is_training_run(out):
+        raise DataError(f"--output_dir {out!r} holds a training run (config.json, checkpoints or final/); an "
+                        f"evaluation never writes there: give another --output_dir (the default names the adapter)")
+    samples_path, args_path = os.path.join(out, "samples.jsonl"), os.path.join(out, "eval_args.json")
+    if os.path.exists(samples_path) and args.resume:
+        mine = {k: getattr(args, k) for k in EVAL_ARGS}
+        mine["adapter"] = mine["adapter"] and os.path.abspath(mine["adapter"])
+        theirs = runs.read_json(args_path) if os.path.isfile(args_path) else None
+        if theirs is None:
+            raise DataError(f"--resume: {out} does not say which model and adapter made its samples (no "
+                            f"eval_args.json); evaluate again with --overwrite or another --output_dir")
+        diff = [f"{k}: {theirs.get(k)!r} there vs {v!r} now" for k, v in mine.items() if theirs.get(k) != v]
+        if diff:
+            raise DataError(f"--resume: {out}'s samples were made with other settings ({'; '.join(diff)}); use "
+                            f"the same flags, or another --output_dir")
+    elif os.path.exists(samples_path) and not args.overwrite:
+        raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
+                        f"replace it, another --output_dir, or --rescore {samples_path}")
+
+
 def sampled(args):
     """Sample --n_samples completions per problem (resumable) and score them -> (rows, meta, ks, seed, out)."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     if args.max_completion_length is None:
         args.max_completion_length = 96 if args.model == "smollm2-135m" else 1500
-    if args.n_samples < 1 or args.batch_size < 1:
-        raise DataError("--n_samples and --batch_size must be >= 1")
+    args.adapter = adapter_folder(args.adapter)
     records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
     if not records:
         raise DataError(f"dataset {args.dataset!r} split {args.split!r} has no problems to evaluate")
@@ -412,18 +413,15 @@ def sampled(args):
     ks = args.k or default_ks(args.n_samples)
     check_ks(ks, args.n_samples)                        # before any sampling time is spent
     seed = args.seed
-    if args.output_dir is None:
-        tag = f"-{os.path.basename(os.path.dirname(os.path.abspath(args.adapter)))}" if args.adapter else ""
-        args.output_dir = os.path.join("runs", f"eval-{os.path.basename(args.model)}-{task_name(args.dataset)}{tag}")
-    out = args.output_dir
+    out = args.output_dir = args.output_dir or default_output_dir(args)
+    check_output_dir(args, out)
     samples_path = os.path.join(out, "samples.jsonl")
     done = []
     if os.path.exists(samples_path) and args.resume:
         done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
-    elif os.path.exists(samples_path) and not args.overwrite:
-        raise DataError(f"{out} already holds an evaluation: pass --resume to finish it, --overwrite to "
-                        f"replace it, another --output_dir, or --rescore {samples_path}")
     os.makedirs(out, exist_ok=True)
+    runs.write_json(os.path.join(out, "eval_args.json"), {
+        **{k: getattr(args, k) for k in EVAL_ARGS}, "adapter": args.adapter and os.path.abspath(args.adapter)})
     model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
                                  pick_dtype(args.dtype, device))
     args.rollout = pick_sampler(args, model, tok, records, example, device)
@@ -462,6 +460,8 @@ def main(argv=None):
     if args.drift:
         return drift_main(args)
     rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
+    if runs.is_training_run(out):                   # --rescore's folder, as sampled() checks its own
+        raise DataError(f"{out!r} holds a training run; an evaluation never writes there: give --output_dir")
     n = len({r["sample"] for r in rows})
     ks = ks or default_ks(n)
     res = {**{k: v for k, v in meta.items() if k not in ("pass@k", "maj@k", "date", "rescored_from")},
@@ -481,6 +481,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (DataError, ModelError) as e:
+    except (DataError, ModelError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

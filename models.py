@@ -226,3 +226,22 @@ def load_model(name, lora_rank=None, load_in_4bit=False, device="cpu", dtype=Non
     info = {"path": path, "lora_rank": lora_rank, "quantized_4bit": quantized, "dtype": str(dtype),
             "trainable_params": n_train}
     return model, tok, info
+
+
+def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
+    """The base model, with a trained LoRA adapter (PEFT folder) or full fine-tuned weights on top."""
+    if adapter and not os.path.isdir(adapter):
+        raise ModelError(f"--adapter {adapter!r} is not a folder; give a run's final/ or checkpoint-N/ folder")
+    if adapter and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        if os.path.isfile(os.path.join(adapter, "config.json")):     # a --lora_rank 0 run: full weights
+            model, tok, _ = load_model(adapter, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype,
+                                       log=log)
+            return model.eval(), tok
+        raise ModelError(f"--adapter {adapter!r} holds neither adapter_config.json (LoRA) nor config.json "
+                         f"(full weights); give a run's final/ or checkpoint-N/ folder")
+    model, tok, _ = load_model(name, lora_rank=0, load_in_4bit=load_in_4bit, device=device, dtype=dtype, log=log)
+    if adapter:
+        from peft import PeftModel
+        with quiet_peft():
+            model = PeftModel.from_pretrained(model, adapter)
+    return model.eval(), tok

@@ -36,6 +36,8 @@ import threading
 import time
 from fractions import Fraction
 
+from data import answer_text
+
 SERVING_LATEX = __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]
 if not SERVING_LATEX:    # the math-verify child (LatexWorker) runs this file: without torch it is ready sooner
     import torch
@@ -267,6 +269,7 @@ def score(completions, answers, task, counts=None):
     """
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
+    answers = [a if isinstance(a, str) else answer_text(a, f"answers[{i}]") for i, a in enumerate(answers)]
     fmt = torch.tensor([format_reward(c) for c in completions], dtype=torch.float32)
     if any(comparison(task, a) == "latex" for a in answers):
         _WORKER.start()                                  # before the batch's clock starts

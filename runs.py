@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -26,38 +27,81 @@ class SaveError(OSError):
 # the run folder
 
 def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), unrecorded=None):
-    """Refuse to mix two runs in one folder. On --resume, the settings in `identity` must equal the
+    """Refuse to mix two runs in one folder; writes nothing (--overwrite's old run is set aside later, by
+    set_aside, once the new run has loaded). On --resume, the settings in `identity` must equal the
     run's (config.json) but for those in `allowed`; `unrecorded` gives the value a setting had in a
     run whose config.json predates it. Returns {key: (the run's value, this one)} of the allowed
     changes, for config.json."""
     cfg_path = os.path.join(out, "config.json")
-    if os.path.exists(cfg_path):
+    if resume and not os.path.exists(cfg_path):
+        raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
+    if resume:
         try:
             old = {**(unrecorded or {}), **read_json(cfg_path)}
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{cfg_path} is unreadable ({e}); it was not written by this version's atomic "
                               f"writer. Restore it, or start afresh with --overwrite or another --output_dir") from None
-        if resume:
-            diff = {k: (old[k], config[k]) for k in identity if k in old and old[k] != config[k]}
-            refused = {k: v for k, v in diff.items() if k not in allowed}
-            if refused:
-                raise ConfigError(f"--resume: {out} holds a run with other settings ("
-                                  + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in refused.items())
-                                  + "), which would continue it as another experiment under the same name; use "
-                                  f"the same flags, another --output_dir, or --allow_changes {','.join(refused)}")
-            return diff
-        elif not overwrite:
-            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, "
-                              f"--overwrite to replace it, or another --output_dir")
-        else:
-            for f in ("metrics.jsonl", "samples.jsonl"):
-                if os.path.exists(os.path.join(out, f)):
-                    os.remove(os.path.join(out, f))
-            for d in glob.glob(os.path.join(out, "checkpoint-*")):
-                shutil.rmtree(d)
-    elif resume:
-        raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
+        diff = {k: (old[k], config[k]) for k in identity if k in old and old[k] != config[k]}
+        refused = {k: v for k, v in diff.items() if k not in allowed}
+        if refused:
+            raise ConfigError(f"--resume: {out} holds a run with other settings ("
+                              + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in refused.items())
+                              + "), which would continue it as another experiment under the same name; use "
+                              f"the same flags, another --output_dir, or --allow_changes {','.join(refused)}")
+        return diff
+    if os.path.exists(cfg_path) and not overwrite:
+        raise ConfigError(f"{out} already holds a run: pass --resume to continue it, "
+                          f"--overwrite to replace it, or another --output_dir")
+    check_writable(out)
     return {}
+
+
+def is_training_run(folder):
+    """A training run's folder: its config.json (a run's settings), a checkpoint-N/ or final/."""
+    if os.path.isdir(os.path.join(folder, "final")) or saved_checkpoints(folder):
+        return True
+    try:
+        return "method" in read_json(os.path.join(folder, "config.json"))
+    except (OSError, ValueError):
+        return False
+
+
+def check_writable(out):
+    """Refuse a run folder that cannot be written (under a file, a read-only place), before anything loads."""
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--output_dir {out!r}: {parent} is a file, not a folder; choose another --output_dir")
+    try:
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".write-probe-")
+    except OSError as e:
+        raise ConfigError(f"--output_dir {out!r}: cannot write in {parent} ({e.strerror}); choose another "
+                          f"--output_dir") from None
+    probe.close()
+
+
+def set_aside(out):
+    """--overwrite, once the new run has loaded everything it needs: the old run, whole, moves to
+    <out>.replaced (or .replaced-2, ...: a name in use is never reused) and the new run starts in an empty
+    folder. Returns that path, or None if out holds no run. release_aside deletes it once the new run has
+    saved its first checkpoint: a failure or Ctrl-C before that leaves both runs whole, never one folder
+    holding parts of two."""
+    if not os.path.exists(os.path.join(out, "config.json")):
+        return None
+    aside, k = f"{os.path.normpath(out)}.replaced", 2
+    while os.path.exists(aside):
+        aside, k = f"{os.path.normpath(out)}.replaced-{k}", k + 1
+    os.rename(out, aside)
+    return aside
+
+
+def release_aside(aside, log=print):
+    """The old run set aside by --overwrite, deleted now that the new run has a checkpoint; -> None."""
+    if aside:
+        shutil.rmtree(aside, ignore_errors=True)
+        log(f"--overwrite: removed the replaced run ({aside})")
+    return None
 
 
 def read_json(path):

@@ -20,13 +20,14 @@ import torch
 
 import merged_rollout
 import step
-from config import BETAS, UNRECORDED, ConfigError, identity_keys, parse_args, training_records
+from config import BETAS, UNRECORDED, ConfigError, check_device, identity_keys, parse_args, training_records
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
 from models import ModelError, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
-from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, resume, rng_state,
-                  read_json, save_checkpoint, save_folder, save_weights, weights_fingerprint, write_json)
+from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, read_json,
+                  release_aside, resume, rng_state, save_checkpoint, save_folder, save_weights, set_aside,
+                  weights_fingerprint, write_json)
 
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 
@@ -241,6 +242,9 @@ def train(cfg, dist, stop):
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     measure_h_ini(cfg, state, model, tok, records, example, dist, log)
+    aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume and dist.main else None
+    if aside:
+        log(f"--overwrite: the run in {cfg.output_dir} is kept in {aside} until this one saves its first checkpoint")
     if dist.main:
         write_config(cfg, total, dist.world, changes, state["step"])
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
@@ -273,6 +277,7 @@ def train(cfg, dist, stop):
             warmup_end = warmup and k + 1 == cfg.sft_warmup_steps      # RL's start, for eval.py beside final/
             if (k + 1) % cfg.save_steps == 0 or k + 1 == total or stopping or warmup_end:
                 checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
+                aside = release_aside(aside, log)
             if stopping:
                 bar.close()
                 log(f"stopped after step {k + 1} of {total} ({stop.signal or 'signal on another rank'}); "
@@ -404,6 +409,7 @@ def cuda_allocator_defaults():
 def main(argv=None):
     cuda_allocator_defaults()
     cfg = parse_args(argv, __doc__)
+    check_device(cfg.device)
     stop, dist = StopFlag(), Dist(cfg.device)
     try:
         return train(cfg, dist, stop)

@@ -60,12 +60,12 @@ def measure(argv):
 
 
 def summary(rows):
-    """The figures docs/training.md quotes."""
-    ratios = [r["grad_norm_longer"] / r["grad_norm_union"] for r in rows if r["grad_norm_union"] > 0]
-    active = sum(r["active"] for r in rows)
-    return {"steps": len(rows), "completions": sum(r["completions"] for r in rows), "active": active,
-            "count_differs": sum(r["count_differs"] for r in rows),
-            "steps_with_gradient": len(ratios),
+    """The figures docs/training.md quotes: counts over the run, and the gradient-norm ratio longer / union on
+    the steps where some count differs (elsewhere the two gradients are the same)."""
+    ratios = [r["grad_norm_longer"] / r["grad_norm_union"] for r in rows if r["count_differs"]]
+    return {"steps": len(rows), "completions": sum(r["completions"] for r in rows),
+            "active": sum(r["active"] for r in rows), "count_differs": sum(r["count_differs"] for r in rows),
+            "steps_with_active": sum(r["active"] > 0 for r in rows), "steps_count_differs": len(ratios),
             "norm_ratio_median": statistics.median(ratios) if ratios else None,
             "norm_ratio_min": min(ratios, default=None), "norm_ratio_max": max(ratios, default=None)}
 

@@ -188,6 +188,9 @@ def train_here():
     def run(*args):
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = train.cli([str(a) for a in args])
+            try:
+                code = train.cli([str(a) for a in args])
+            except SystemExit as e:                 # argparse's refusal of a flag, as the command line exits
+                code = e.code
         return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     return run
