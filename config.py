@@ -215,8 +215,9 @@ class Config:
     # ---- memory and speed
     rollout: str = flag("auto", "sampler: generate (model.generate through the policy), merged (generate through a "
                         "bf16 copy with LoRA merged, static KV cache, compiled on CUDA), shared (CPU: prompt "
-                        "pre-filled once per group, own decode loop) [default auto: shared on CPU, generate "
-                        "elsewhere]", group="memory", choices=list(PATHS))
+                        "pre-filled once per group, own decode loop) [default auto: shared on CPU; on CUDA merged "
+                        "when the memory plan finds the step fits with it, else generate]", group="memory",
+                        choices=list(PATHS))
     micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
                                  "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
                                  type=int, check=AT_LEAST_0)
@@ -274,8 +275,11 @@ def identity_keys():
 
 
 def default_help(f):
-    """' [default ...]' for --help; the demo profile's value where it differs from the paper's."""
+    """' [default ...]' for --help; the demo profile's value where it differs from the paper's (also where the
+    help names its own default, which the profile then overrides)."""
     demo = PROFILES["smollm2-135m"].get(f.name, f.default)
+    if "[default" in f.metadata["help"] and f.name in PROFILES["smollm2-135m"]:
+        return f" [smollm2-135m (demo profile): {demo}]"
     if f.default is None or "[default" in f.metadata["help"] or isinstance(f.default, bool) and demo == f.default:
         return ""
     if demo != f.default:

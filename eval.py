@@ -2,7 +2,7 @@
 bottom, Fig. 3), or a run's KL to its start (--drift); the figures are plots.py's, called from here.
 
     python eval.py                                    # embedded model, built-in task, offline
-    python eval.py --model llama-8b --adapter runs/gtpo-llama8b-gsm8k/final --dataset gsm8k \\
+    python eval.py --model llama-8b --adapter runs/gtpo-llama-8b-gsm8k/final --dataset gsm8k \\
         --n_samples 32 --k 1 2 4 8 16 32
     python eval.py --model llama-8b --adapter ... --dataset aime24 --n_samples 64
     python eval.py --rescore runs/eval-x/samples.jsonl  # re-score saved completions, no sampling

@@ -20,3 +20,31 @@ def test_released_count_figures_are_the_benchmarks():
             and f"on {s['steps_count_differs']} of the {s['steps_with_active']} steps" in text
             and f"{s['norm_ratio_min']:.2f}–{s['norm_ratio_max']:.2f} × the union count's "
                 f"(median {s['norm_ratio_median']:.2f})" in text)
+
+
+def bash_commands(text, program):
+    """The `python <program> ...` commands of a page's ```bash blocks, continuation lines joined, as argv lists."""
+    import shlex
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
+    lines = " ".join(b.replace("\\\n", " ") for b in blocks).replace("\n", " ; ")
+    return [shlex.split(c.strip().split("#")[0])[2:] for c in lines.split(" ; ")
+            if c.strip().startswith(f"python {program}")]
+
+
+def test_part5_replicate_commands_give_the_committed_configs():
+    """docs/results.md's Part 5 commands, parsed as train.py parses them, set every setting the committed
+    config.json records (the folder's run), except settings those runs predate (absent there) and init_from's
+    absolute path."""
+    import config
+    with open(os.path.join(HERE, "docs", "results.md")) as f:
+        text = f.read()
+    cmds = bash_commands(text[text.index("GRPO seed 28's commands"):], "train.py")
+    assert len(cmds) == 2
+    for argv in cmds:
+        cfg = config.parse_args(argv)
+        run = os.path.basename(cfg.output_dir)
+        with open(os.path.join(HERE, "study", "runs", "replicate", run, "config.json")) as f:
+            old = json.load(f)
+        keys = [k for k in config.identity_keys() if k in old and k != "init_from" and old[k] is not None]
+        assert {k: getattr(cfg, k) for k in keys} == {k: old[k] for k in keys}, run
+        assert (cfg.init_from or "").endswith(old["init_from"].split("/runs/", 1)[-1] if old["init_from"] else "")
