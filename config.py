@@ -174,7 +174,7 @@ class Config:
                                  "with --loss_type grpo", group="objective")
     entropy_filter: str = flag("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
                                "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)",
-                               group="objective", choices=["auto", "all", "neg", "off"])
+                               group="objective", choices=["auto", *gtpo.FILTER_MODES])
     ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective",
                                 check=AT_LEAST_0)
     ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective", check=FINITE)
@@ -182,7 +182,7 @@ class Config:
     entropy_term: str = flag("released", "released = -gamma <H>_i folded into the advantage (A_i - gamma <H>_i), "
                              "detached, and zeroed by delta_i with it (released code); eq7 = a term of its own for "
                              "every completion, with its gradient, delta_i filtering the advantage only (Eq. 7 "
-                             "as written)", group="objective", choices=["released", "eq7"])
+                             "as written)", group="objective", choices=list(gtpo.ENTROPY_TERMS))
     loss_type: str = flag("grpo", "how per-token terms become the loss (TRL's names): grpo = each completion's "
                           "token mean, then the mean over completions (Eq. 7); dapo = the mean over all tokens of "
                           "the step, all ranks included; dr_grpo = the sum over tokens / (N x "

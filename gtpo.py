@@ -3,6 +3,19 @@
 No model, tokenizer or I/O lives here: every function takes tensors and returns
 tensors, so each one can be read next to its equation and tested on its own.
 
+What the objective does, and leaves out:
+  1. One iteration per batch of samples (Sec. 3): the ratio is exp(logp - logp.detach()) == 1, so there
+     is no PPO clip in GTPO and its gradient is Eq. 22.
+  2. No KL term in GTPO (beta is GRPO's alone, Eq. 1).
+  3. lambda (Eq. 5) comes from the raw advantages' signs; completions with A_i = 0 neither have nor
+     cause conflicts.
+  4. A group whose rewards are all equal gets exactly 0 advantage (not a rounding residue, not NaN).
+  5. delta_i (Eq. 6) drops a completion's advantage term when <H>_i is above the threshold; the entropy
+     term is Eq. 7's own (with its gradient) or the released code's (folded into A_i, detached).
+  6. The loss is aggregated in one place (aggregate), so micro-batches and ranks do not change it.
+  7. Where the released code departs from the equations (App. 16), an argument selects it: the std
+     division, the conflict count and its normalisation, lambda's product, the sum over completions.
+
     group_advantages   Eq. 8           A_i = (R_i - mean R) / (std R + eps)
     conflict_spans     Sec. 5.1        forward and backward conflict spans of one group
                                        (conflict_spans_loop: the same, one token at a time)
@@ -10,6 +23,7 @@ tensors, so each one can be read next to its equation and tested on its own.
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
     entropy_filter     Eq. 6           delta_i * A_i: the advantage of a completion above the threshold -> 0
     entropy_gate       Eq. 6-7         delta_i * (A_i - gamma <H>_i), detached: the released code's form
+    shaped_advantages  Eq. 6-7         the two above by --entropy_term: (advantage, Eq. 7's penalty or None)
     aggregate          Eq. 7           per-token terms -> the step's loss (grpo = Eq. 7's normalisation, dapo,
                                        dr_grpo): the one place, exact under micro-batches and ranks
     gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i]
@@ -25,7 +39,8 @@ import torch
 __all__ = [
     "masked_mean", "token_logprobs", "group_advantages", "conflict_spans", "conflict_spans_loop", "CONFLICT_COUNTS",
     "conflict_weights",
-    "batch_conflict_weights", "token_entropy", "entropy_filter", "entropy_gate", "filtered_stats", "LOSS_TYPES", "Totals",
+    "batch_conflict_weights", "token_entropy", "FILTER_MODES", "ENTROPY_TERMS", "entropy_filter", "entropy_gate",
+    "shaped_advantages", "filtered_stats", "LOSS_TYPES", "Totals",
     "aggregate", "gtpo_loss", "kl_k3", "grpo_loss",
 ]
 
@@ -220,12 +235,16 @@ def token_entropy(logits):
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
 
 
+FILTER_MODES = ("all", "neg", "off")      # delta_i of Eq. 6 on every completion, on A < 0 ones (App. 13), on none
+ENTROPY_TERMS = ("released", "eq7")       # -gamma <H>_i folded into the advantage (released code), or Eq. 7's own
+
+
 def _filtered(advantages, entropy, threshold, mode):
     """(N,) bool: the completions Eq. 6's delta_i sets to 0 under `mode` (see entropy_filter)."""
+    if mode not in FILTER_MODES:
+        raise ValueError(f"entropy gate mode must be one of {', '.join(FILTER_MODES)}, got {mode!r}")
     if mode == "off":
         return torch.zeros_like(advantages, dtype=torch.bool)
-    if mode not in ("all", "neg"):
-        raise ValueError(f"entropy gate mode must be 'all', 'neg' or 'off', got {mode!r}")
     drop = entropy > threshold
     return drop & (advantages < 0) if mode == "neg" else drop
 
@@ -259,6 +278,27 @@ def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
     shaped = advantages - gamma * entropy
     drop = _filtered(advantages, entropy, threshold, mode)
     return shaped if mode == "off" else torch.where(drop, torch.zeros_like(shaped), shaped)
+
+
+def shaped_advantages(advantages, entropy, term, gate, threshold, gamma):
+    """Eq. 6-7 in one place: what multiplies each completion's log-prob gradient, and the entropy term the loss
+    adds for each completion on its own.
+
+    advantages (N,) from Eq. 8; entropy (N,) = <H>_i (with its gradient where the term needs it);
+    term in ENTROPY_TERMS; gate in FILTER_MODES (delta_i: "all", "neg" or "off"); threshold: Eq. 6's ln 2 or
+    a constant. -> (advantage (N,), penalty (N,) or None), penalty read by gtpo_loss as +gamma * penalty.
+        term      gate       advantage                      penalty
+        eq7       off        A_i                            <H>_i, with its gradient (None when gamma = 0)
+        eq7       all / neg  delta_i A_i                    <H>_i, every completion's, filtered or not
+        released  off        A_i - gamma <H>_i (detached)   None
+        released  all / neg  delta_i (A_i - gamma <H>_i)    None
+    delta_i = 0 where <H>_i > threshold ("neg": and A_i < 0), else 1.
+    """
+    if term not in ENTROPY_TERMS:
+        raise ValueError(f"entropy term must be one of {', '.join(ENTROPY_TERMS)}, got {term!r}")
+    if term == "eq7":
+        return entropy_filter(advantages, entropy, threshold, gate), (entropy if gamma else None)
+    return entropy_gate(advantages, entropy, threshold, gamma, gate), None
 
 
 def filtered_stats(advantages, shaped, entropy):

@@ -106,11 +106,11 @@ class GTPOConfig(GRPOConfig):
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
                              f"('none' = the released code)")
-        if (self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", "all", "neg", "off")
-                or self.entropy_term not in ("eq7", "released") or self.conflict_count not in gtpo.CONFLICT_COUNTS):
-            raise ValueError("GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is auto, all, neg "
-                             f"or off; entropy_term is eq7 or released; conflict_count is "
-                             f"{' or '.join(gtpo.CONFLICT_COUNTS)}")
+        if (self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", *gtpo.FILTER_MODES)
+                or self.entropy_term not in gtpo.ENTROPY_TERMS or self.conflict_count not in gtpo.CONFLICT_COUNTS):
+            raise ValueError(f"GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is "
+                             f"{', '.join(('auto', *gtpo.FILTER_MODES))}; entropy_term is "
+                             f"{' or '.join(gtpo.ENTROPY_TERMS)}; conflict_count is {' or '.join(gtpo.CONFLICT_COUNTS)}")
         if self.sum_completions and self.loss_type != "grpo":
             raise ValueError(f"GTPOConfig: sum_completions sums Eq. 7's per-completion terms (loss_type 'grpo'); "
                              f"loss_type={self.loss_type!r} has no per-completion mean to replace")
@@ -132,10 +132,7 @@ def token_advantages(ids, mask, advantages, h, group_size, args, gate):
                                                             conflict_weight=args.conflict_weight,
                                                             combine=args.conflict_combine,
                                                             count=args.conflict_count)        # (N, T)
-    if args.entropy_term == "eq7":
-        shaped = gtpo.entropy_filter(a, h, args.ent_threshold, gate)                # (N,) delta_i A_i, Eq. 6
-    else:
-        shaped = gtpo.entropy_gate(a, h, args.ent_threshold, args.ent_gamma, gate)  # (N,) released code
+    shaped, _ = gtpo.shaped_advantages(a, h, args.entropy_term, gate, args.ent_threshold, args.ent_gamma)  # (N,)
     per_token = weights * shaped.unsqueeze(1)                                       # (N, T)
     if args.conflict_norm:
         per_token = per_token / n_conf.clamp(min=1).unsqueeze(1).to(per_token.dtype)

@@ -1,13 +1,16 @@
 """One training step of GTPO, GRPO or SFT (arXiv 2508.03772): what the loop calls, and what
 the benchmarks (bench/) time.
 
+reference_step  the paper's path in one screen, for reading: generate -> reward -> Eq. 8 -> Eq. 5 ->
+           one forward -> Eq. 6-7 -> loss -> backward; rl_step computes the same gradient
 rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
            -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
 sft_step   token NLL of the worked solution in the tag format, backward
 micro_batches  which completions each forward/backward takes: longest first within a group, each micro-batch
            as wide as its longest completion
-step_totals  the step's completions and tokens (over all ranks), which gtpo.aggregate -- the one
-           place where per-token terms become the loss (--loss_type) -- divides every micro-batch by
+step_totals  what gtpo.aggregate divides every micro-batch's terms by: the step's completions and tokens
+           (over all ranks), so that the micro-batches' losses add up to the step's (--loss_type)
+policy_loss  a micro-batch's loss: GTPO's (Eq. 7) or GRPO's (Eq. 1), after Eq. 6-7's shaped advantages
 initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
 
 Each step reads a config.Config and leaves gradients in the parameters; the caller clips, steps the
@@ -23,7 +26,7 @@ import torch
 import gtpo
 import rewards
 from data import format_prompt, tagged_solution
-from gtpo_logprobs import prompt_pass, sequence_logprobs
+from gtpo_logprobs import positions, prompt_pass, sequence_logprobs
 from models import autocast
 from rollout import rollout
 
@@ -56,26 +59,20 @@ def _sync_if(policy, last):
 # the one place where GTPO and GRPO differ, given a micro-batch's log-probs
 
 def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None, totals=None):
-    """GTPO (Eq. 7 with Eq. 5's weights, Eq. 6's filter and -gamma <H>_i) or GRPO (Eq. 1).
+    """GTPO (Eq. 7 with Eq. 5's weights) or GRPO (Eq. 1), after Eq. 6-7 (gtpo.shaped_advantages: the
+    filter delta_i and the entropy term cfg.entropy_term names).
 
     logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient when
     entropy_grad(cfg); weights (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L)
     reference log-probs (GRPO, beta > 0); totals: the step these completions are part of
     (step_totals; None = these alone), aggregated as cfg.loss_type says (gtpo.aggregate).
-    cfg.entropy_term "eq7": delta_i filters the advantage term and +gamma <H>_i is every completion's
-    own term with its gradient (Eq. 7); "released": gamma folded into the advantage, detached, and
-    zeroed with it by delta_i (entropy_gate).
     GRPO takes the same entropy gate only when its filter is on (App. 14, Fig. 10c: GRPO +
     filtering + gamma); by default it is the plain baseline.
     Returns (loss, metrics, shaped advantage or None).
     """
     a = penalty = None
     if cfg.method == "gtpo" or cfg.gate != "off":                                   # GRPO: only as App. 14
-        if cfg.entropy_term == "eq7":
-            a = gtpo.entropy_filter(adv, h, cfg.ent_threshold, cfg.gate)               # delta_i A_i (Eq. 6)
-            penalty = h if cfg.ent_gamma else None                                   # Eq. 7's gamma <H>_i
-        else:
-            a = gtpo.entropy_gate(adv, h, cfg.ent_threshold, cfg.ent_gamma, cfg.gate)  # released code
+        a, penalty = gtpo.shaped_advantages(adv, h, cfg.entropy_term, cfg.gate, cfg.ent_threshold, cfg.ent_gamma)
     agg = dict(entropy=penalty, gamma=cfg.ent_gamma, loss_type=cfg.loss_type, totals=totals)
     if cfg.method == "gtpo":
         norm = n_conflict if cfg.conflict_norm else None
@@ -156,7 +153,41 @@ def reference_logprobs(model, ref_model, prompt, completion_ids, completion_mask
 
 
 # -----------------------------------------------------------------------------
-# RL step
+# RL step: the paper's path in one screen (reference_step), then the one the loop runs (rl_step)
+
+def reference_step(model, tok, prompts, answers, cfg):
+    """One GTPO/GRPO step as the paper writes it, for reading: model.generate, the reward, Eq. 8's advantages,
+    Eq. 5's lambda, one forward of the policy over prompt + completions, Eq. 6-7, the loss, backward. No
+    micro-batches, shared prompt, DDP or metrics; rl_step computes the same gradient from the same samples
+    (tests/test_step.py) and is what train.py runs. GRPO's KL term (beta > 0) is left out. -> the loss."""
+    G = cfg.generation_size
+    ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature, path="generate")
+    mask, ids = ro.completion_mask, ro.completion_ids                                # (N, L)
+    total, _, _ = rewards.reward(ro.texts, [a for a in answers for _ in range(G)], cfg.reward_task)
+    adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards)                  # (N,) Eq. 8
+    weights, _, n_conflict = gtpo.batch_conflict_weights(ids, mask, adv, G, conflict_weight=cfg.conflict_weight,
+                                                         combine=cfg.conflict_combine, count=cfg.conflict_count)
+    inputs = torch.cat([ro.prompt_ids, ids], 1)                                      # (N, P + L)
+    attention = torch.cat([ro.prompt_mask, mask], 1)
+    P = ro.prompt_ids.shape[1]
+    logits = model(input_ids=inputs, attention_mask=attention, position_ids=positions(attention)).logits
+    logits = logits[:, P - 1:-1].float() / cfg.temperature                          # (N, L, V): predicts ids
+    logp = gtpo.token_logprobs(logits, ids)                                          # (N, L) log pi
+    h = gtpo.masked_mean(gtpo.token_entropy(logits), mask, dim=1)                   # (N,) <H>_i, Sec. 4.2
+    if cfg.method == "gtpo" or cfg.gate != "off":                                    # GRPO: only as App. 14
+        adv, penalty = gtpo.shaped_advantages(adv, h, cfg.entropy_term, cfg.gate, cfg.ent_threshold, cfg.ent_gamma)
+    else:
+        penalty = None
+    totals = step_totals(cfg, mask)
+    if cfg.method == "gtpo":                                                         # Eq. 7
+        loss, _ = gtpo.gtpo_loss(logp, mask, adv, weights, n_conflict if cfg.conflict_norm else None, penalty,
+                                 cfg.ent_gamma, cfg.loss_type, totals)
+    else:                                                                            # Eq. 1, beta = 0
+        loss, _ = gtpo.grpo_loss(logp, None, None, mask, adv, clip_eps=cfg.clip_eps, entropy=penalty,
+                                 gamma=cfg.ent_gamma, loss_type=cfg.loss_type, totals=totals)
+    loss.backward()
+    return loss
+
 
 def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no_clock, conflict_log=None,
             ranks=None):

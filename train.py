@@ -242,11 +242,7 @@ def train(cfg, dist, stop):
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     measure_h_ini(cfg, state, model, tok, records, example, dist, log)
-    aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume and dist.main else None
-    if aside:
-        log(f"--overwrite: the run in {cfg.output_dir} is kept in {aside} until this one saves its first checkpoint")
-    if dist.main:
-        write_config(cfg, total, dist.world, changes, state["step"])
+    aside = start_run_folder(cfg, total, dist, changes, state["step"], log)
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
@@ -265,8 +261,8 @@ def train(cfg, dist, stop):
             if cfg.method == "sft" or warmup:
                 m = step.sft_step(policy, tok, batch, example, cfg, dist.device, clock)
             else:
-                m = rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log,
-                            dist)
+                m = run_rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics,
+                                conflict_log, dist)
             m = {"step": k + 1, "epoch": epoch, **m, **{f"time/{s}": v for s, v in clock.parts.items()}}
             finite = optimizer_step(cfg, m, params, optimizer, scheduler, dist)
             m["step_time"] = time.time() - t0
@@ -279,13 +275,18 @@ def train(cfg, dist, stop):
                 checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
                 aside = release_aside(aside, log)
             if stopping:
-                bar.close()
-                log(f"stopped after step {k + 1} of {total} ({stop.signal or 'signal on another rank'}); "
-                    f"checkpoint-{k + 1} saved. Continue with the same command plus --resume")
-                return 0
+                return stopped(bar, k + 1, total, stop, log)
     finally:
         metrics.close()
-    finish(cfg, model, tok, params, dist, log)
+    save_final(cfg, model, tok, params, dist, log)
+    return 0
+
+
+def stopped(bar, n, total, stop, log):
+    """The loop's end on Ctrl-C or SIGTERM (any rank's), checkpoint-n saved: said, exit code 0."""
+    bar.close()
+    log(f"stopped after step {n} of {total} ({stop.signal or 'signal on another rank'}); "
+        f"checkpoint-{n} saved. Continue with the same command plus --resume")
     return 0
 
 
@@ -293,6 +294,18 @@ def progress(first, total, main):
     """The loop's steps first ... total-1 as a progress bar, shown on the main rank."""
     from tqdm import tqdm
     return tqdm(range(first, total), initial=first, total=total, dynamic_ncols=True, disable=not main)
+
+
+def start_run_folder(cfg, total_steps, dist, changes, step, log):
+    """Just before the run writes anything: --overwrite's old run set aside whole (runs.set_aside), then
+    config.json. -> the folder set aside, or None."""
+    if not dist.main:
+        return None
+    aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume else None
+    if aside:
+        log(f"--overwrite: the run in {cfg.output_dir} is kept in {aside} until this one saves its first checkpoint")
+    write_config(cfg, total_steps, dist.world, changes, step)
+    return aside
 
 
 def write_config(cfg, total_steps, world, changes=None, step=0):
@@ -332,7 +345,7 @@ def check_finite(cfg, k, nonfinite_run):
     return nonfinite_run
 
 
-def rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log, dist):
+def run_rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log, dist):
     """One GTPO/GRPO step on this rank's prompts (step.rl_step); every --sample_every steps the first
     group's completions go to samples.jsonl."""
     prompts = [format_prompt(tok, r["question"], example) for r in batch]
@@ -385,7 +398,7 @@ def checkpoint(cfg, n, model, tok, optimizer, scheduler, state, dist, conflict_l
     dist.barrier()
 
 
-def finish(cfg, model, tok, params, dist, log):
+def save_final(cfg, model, tok, params, dist, log):
     """Check that DDP ranks agree bit for bit, then save final/."""
     if dist.world > 1:
         prints = dist.gather(weights_fingerprint(params))

@@ -79,12 +79,12 @@ def _varied_reward(texts, answers, task, counts=None):
 
 
 def _trained_model(monkeypatch):
-    """Keep the model train.main ends with (train.finish receives it)."""
-    kept, finish = {}, train.finish
+    """Keep the model train.main ends with (train.save_final receives it)."""
+    kept, save_final = {}, train.save_final
     def keep(args, model, *rest):
         kept["model"] = model
-        return finish(args, model, *rest)
-    monkeypatch.setattr(train, "finish", keep)
+        return save_final(args, model, *rest)
+    monkeypatch.setattr(train, "save_final", keep)
     return kept
 
 

@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,3 +50,34 @@ def test_part5_replicate_commands_give_the_committed_configs():
         keys = [k for k in config.identity_keys() if k in old and k != "init_from" and old[k] is not None]
         assert {k: getattr(cfg, k) for k in keys} == {k: old[k] for k in keys}, run
         assert (cfg.init_from or "").endswith(old["init_from"].split("/runs/", 1)[-1] if old["init_from"] else "")
+
+
+QUICK_OVERRIDES = {"train.py": ["--max_steps", "9"],                        # the 8 SFT steps (checkpoint-8), 1 RL step
+                   "eval.py --adapter": ["--limit", "2", "--n_samples", "2"], "eval.py --limit": ["--limit", "2", "--n_samples", "2"]}
+
+
+@pytest.mark.slow
+def test_the_quick_start_runs_as_written_in_order(tmp_path):
+    """README's Quick start, its `python` lines top to bottom in a fresh folder, each with tiny --max_steps /
+    --limit overrides appended and nothing else changed: every line exits 0, and the two adapters' evaluations
+    land in two folders (one would refuse the other's)."""
+    import subprocess
+    import sys
+    with open(os.path.join(HERE, "README.md")) as f:
+        text = f.read()
+    block = text[text.index("## Quick start"):].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [ln.split("#")[0].strip() for ln in block.splitlines() if ln.startswith("python ")]
+    assert len(lines) == 7
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    for line in lines:
+        script, rest = line.split()[1], line.split(" ", 2)[2] if len(line.split()) > 2 else ""
+        extra = next((v for k, v in QUICK_OVERRIDES.items() if (script + " " + rest).startswith(k)), [])
+        if "--max_steps" in rest or "--plot" in rest or "--curves" in rest:
+            extra = []                                                      # the line's own steps; plots
+        cmd = f"{sys.executable} {os.path.join(HERE, script)} {rest} {' '.join(extra)}"
+        r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, (line, r.stderr[-3000:])
+    evals = sorted(p.name for p in (tmp_path / "runs").glob("eval-*"))
+    assert len(evals) == 3 and any(e.endswith("-final") for e in evals) and any(e.endswith("-checkpoint-8")
+                                                                                for e in evals), evals
+    assert (tmp_path / "runs" / "plots" / "passk.png").is_file() and (tmp_path / "runs" / "try" / "final").is_dir()

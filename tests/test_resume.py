@@ -511,7 +511,7 @@ def _torchrun(helper, argv, **env):
 @pytest.mark.parametrize("method", [["--use_gtpo"], ["--use_grpo"], ["--use_grpo", "--beta", "0.04"], ["--use_sft"]])
 def test_two_ranks_every_method_same_metric_keys_and_weights(tmp_path, tiny_args, method):
     """Each method trains 2 steps on 2 ranks (gloo): every rank averages the same metric keys at
-    every step, and the ranks end bit-identical (train.finish checks and says so)."""
+    every step, and the ranks end bit-identical (train.save_final checks and says so)."""
     helper = tmp_path / "ddp_methods.py"
     helper.write_text(DDP_METHODS_HELPER.format(here=HERE))
     out = tmp_path / "run"

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+import gtpo
 import rewards
 import step
 from conftest import grads
@@ -135,14 +136,17 @@ def test_micro_batches_put_each_group_longest_first_and_end_at_their_longest_com
 
 
 def _objective_flags():
-    """Every objective flag that changes how terms reach the loss: method x entropy_term x loss_type x
-    entropy_filter, with GTPO's conflict-count normalisation on in the "neg" cases."""
+    """Every objective flag that changes how terms reach the loss, read from gtpo.py's one definition of each:
+    method x entropy_term x loss_type x entropy_filter, with GTPO's conflict-count normalisation on in the
+    "neg" cases, and the released code's count and sum over completions where both apply."""
     for method in ("gtpo", "grpo"):
-        for term in ("released", "eq7"):
-            for loss_type in ("grpo", "dapo", "dr_grpo"):
-                for gate in ("off", "all", "neg"):
+        for term in gtpo.ENTROPY_TERMS:
+            for loss_type in gtpo.LOSS_TYPES:
+                for gate in gtpo.FILTER_MODES:
+                    norm = method == "gtpo" and gate == "neg"
                     yield dict(method=method, entropy_term=term, loss_type=loss_type, entropy_filter=gate,
-                               conflict_norm=method == "gtpo" and gate == "neg")
+                               conflict_norm=norm, conflict_count="longer" if norm and term == "released" else "union",
+                               sum_completions=norm and loss_type == "grpo")
 
 
 def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective_flag(tiny_model_dir, small_vocab_lm,
@@ -176,6 +180,43 @@ def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective_fl
         losses.add(round(m0["loss"], 6))
     assert filtered == {True, False}                    # the filter's active branch is among the cases
     assert len(losses) > 10                             # the flags do change the loss
+
+
+def test_reference_step_gives_rl_steps_gradient_under_every_objective_flag(tiny_model_dir, small_vocab_lm,
+                                                                             monkeypatch):
+    """step.reference_step (one full forward, no micro-batches or shared prompt) and step.rl_step as the loop
+    runs it (shared prompt, micro-batches of 2 by length, cut across the groups) on the same sampled tokens:
+    the same loss and every LoRA gradient, for every combination the micro-batch test above covers."""
+    model, tok = small_vocab_lm, load_tokenizer(tiny_model_dir)
+    ro = _fixed_rollout(tok, model.config.vocab_size, 2, 3, P=6, L=5)
+    ids, lengths = ro.completion_ids.clone(), ro.completion_mask.sum(1)
+    ids[:, 0], ids[:4, 1] = 7, 8                                   # shared leading spans of 1 and 2 tokens
+    ids[torch.arange(6), lengths - 1] = 9                          # and a shared last token: the counts differ
+    ro = dataclasses.replace(ro, completion_ids=ids)
+    monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
+    reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
+    monkeypatch.setattr(rewards, "reward", reward)
+    base = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4, micro_batch_size=2)
+    adv = gtpo.group_advantages(torch.tensor([0., 1, 2, 2, 0, 1]), 3)
+    union, longer = (gtpo.batch_conflict_weights(ids, ro.completion_mask, adv, 3, count=c)[2] for c in ("union", "longer"))
+    assert (longer[adv != 0] > 0).all() and (union > longer).any()
+    model.zero_grad()
+    m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], dataclasses.replace(base, entropy_filter="off"))
+    threshold, n = m["entropy"], 0
+    for flags in _objective_flags():
+        cfg = dataclasses.replace(base, ent_threshold=threshold, **flags)
+        model.zero_grad()
+        m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
+        fast = grads(model)
+        model.zero_grad()
+        loss = step.reference_step(model, tok, ["p", "q"], ["1", "2"], cfg)
+        plain = grads(model)
+        assert loss.item() == pytest.approx(m["loss"], abs=1e-6), flags
+        assert fast.keys() == plain.keys() and len(plain) > 0
+        for name in plain:
+            torch.testing.assert_close(plain[name], fast[name], atol=1e-6, rtol=1e-4, msg=f"{flags} {name}")
+        n += 1
+    assert n == 2 * len(gtpo.ENTROPY_TERMS) * len(gtpo.LOSS_TYPES) * len(gtpo.FILTER_MODES)
 
 
 class _TwoRanks:
