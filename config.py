@@ -212,6 +212,8 @@ class Config:
     sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run",
                              check=AT_LEAST_0)
     report_to: str = flag("none", "also log to Weights & Biases", group="run", choices=["none", "wandb"])
+    print_config: bool = flag(False, "print every setting, its value and where it came from (flag, --released_code, "
+                              "profile, default, setup), then exit without loading anything", group="run")
     # ---- memory and speed
     rollout: str = flag("auto", "sampler: generate (model.generate through the policy), merged (generate through a "
                         "bf16 copy with LoRA merged, static KV cache, compiled on CUDA), shared (CPU: prompt "
@@ -241,6 +243,8 @@ class Config:
     # ---- set by the program, not by a flag
     min_new_tokens: int = flag(0, "EOS barred before this many tokens (the benchmarks force lengths)", group=None)
     h_ini: float = flag(None, "<H>_ini measured at setup (Sec. 6), which Eq. 6's auto filter reads", group=None)
+    sources: dict = flag(None, "where each setting came from: flag, --released_code, profile, default, setup, plan, "
+                         "resume (parse_args; config.json records it)", group=None)
 
     @property
     def reward_task(self):
@@ -321,16 +325,36 @@ def parse_args(argv=None, description=None):
     given = vars(build_parser(description).parse_args(argv))
     profile = PROFILES.get(given.get("model", Config.model), {})
     released = RELEASED_CODE if given.get("released_code") else {}
-    cfg = finish(Config(**{**profile, **released, **given}))
+    layers = {**profile, **released, **given}
+    cfg = Config(**layers)
+    before = dataclasses.asdict(cfg)
+    cfg = finish(cfg)
     unused = [f"--{name}" for name in unused_flags(cfg) if name in given]
     if unused and os.environ.get("RANK", "0") == "0":
         print(f"note: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --use_{cfg.method}",
               file=sys.stderr)
+    kept = set()
     if cfg.resume:
         for name, flags in KEPT_ON_RESUME.items():
             if not flags & given.keys():
                 setattr(cfg, name, recorded(cfg.output_dir, name, getattr(cfg, name)))
+                kept.add(name)
+    cfg.sources = {f.name: "resume (the run's config.json)" if f.name in kept else "flag" if f.name in given
+                   else "--released_code" if f.name in released else f"profile ({cfg.model})" if f.name in profile
+                   else "setup (device, model, method)" if getattr(cfg, f.name) != before[f.name] else "default"
+                   for f in dataclasses.fields(Config) if f.metadata.get("group") or f.name == "method"}
     return cfg
+
+
+def config_table(cfg):
+    """--print_config: every setting, its value and where it came from (Config.sources), grouped as --help."""
+    lines = []
+    for key, title in GROUPS.items():
+        names = [f.name for f in dataclasses.fields(Config) if f.metadata.get("group") == key or
+                 key == "recipe" and f.name == "method"]
+        width = max(map(len, names))
+        lines += [f"# {title}"] + [f"{n:<{width}}  {getattr(cfg, n)!r:<24}  {cfg.sources.get(n, '')}" for n in names]
+    return "\n".join(lines)
 
 
 GTPO_ONLY = ("conflict_weight", "conflict_combine", "conflict_norm", "conflict_count", "sum_completions")

@@ -20,7 +20,8 @@ import torch
 
 import merged_rollout
 import step
-from config import BETAS, UNRECORDED, ConfigError, check_device, identity_keys, parse_args, training_records
+from config import (BETAS, UNRECORDED, ConfigError, check_device, config_table, identity_keys, parse_args,
+                    training_records)
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
@@ -222,7 +223,7 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 # 2. the loop
 
 def train(cfg, dist, stop):
-    log = print if dist.main else (lambda *a, **k: None)
+    log, parsed = print if dist.main else (lambda *a, **k: None), dataclasses.asdict(cfg)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = training_records(cfg, log)                # a bad data file fails before anything loads
     changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
@@ -242,7 +243,7 @@ def train(cfg, dist, stop):
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     measure_h_ini(cfg, state, model, tok, records, example, dist, log)
-    aside = start_run_folder(cfg, total, dist, changes, state["step"], log)
+    aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
@@ -296,7 +297,7 @@ def progress(first, total, main):
     return tqdm(range(first, total), initial=first, total=total, dynamic_ncols=True, disable=not main)
 
 
-def start_run_folder(cfg, total_steps, dist, changes, step, log):
+def start_run_folder(cfg, total_steps, dist, changes, step, log, parsed):
     """Just before the run writes anything: --overwrite's old run set aside whole (runs.set_aside), then
     config.json. -> the folder set aside, or None."""
     if not dist.main:
@@ -304,20 +305,24 @@ def start_run_folder(cfg, total_steps, dist, changes, step, log):
     aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume else None
     if aside:
         log(f"--overwrite: the run in {cfg.output_dir} is kept in {aside} until this one saves its first checkpoint")
-    write_config(cfg, total_steps, dist.world, changes, step)
+    write_config(cfg, total_steps, dist.world, changes, step, parsed)
     return aside
 
 
-def write_config(cfg, total_steps, world, changes=None, step=0):
-    """config.json: every setting as the run uses it, what setup decided (<H>_ini, Eq. 6's gate), the
+def write_config(cfg, total_steps, world, changes=None, step=0, parsed=None):
+    """config.json: every setting as the run uses it, where each came from (`sources`: parse_args's, and
+    "setup" where setup changed it from `parsed`, the config as parsed), what setup decided (<H>_ini, Eq. 6's gate), the
     CPU threads (a CPU run repeats bit for bit only with as many), and each resume that changed an
     identity setting (--allow_changes): at which step, from what to what."""
     path = os.path.join(cfg.output_dir, "config.json")
     os.makedirs(cfg.output_dir, exist_ok=True)          # the run folder appears once the run has started
     history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
+    sources = {k: "setup (the model, memory plan or <H>_ini)" if parsed and getattr(cfg, k) != parsed[k] else v
+               for k, v in (cfg.sources or {}).items()}
     if changes:
         history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
-    write_json(path, {**dataclasses.asdict(cfg), "entropy_filter_applied": cfg.gate, "total_steps": total_steps,
+    write_json(path, {**dataclasses.asdict(cfg), "sources": sources, "entropy_filter_applied": cfg.gate,
+                      "total_steps": total_steps,
                       "world_size": world, "cpu_threads": torch.get_num_threads(), "changes_on_resume": history})
 
 
@@ -422,6 +427,9 @@ def cuda_allocator_defaults():
 def main(argv=None):
     cuda_allocator_defaults()
     cfg = parse_args(argv, __doc__)
+    if cfg.print_config:
+        print(config_table(cfg))
+        return 0
     check_device(cfg.device)
     stop, dist = StopFlag(), Dist(cfg.device)
     try:

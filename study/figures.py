@@ -150,6 +150,43 @@ def plot_q8(path, p):
     return True
 
 
+def plot_q9(path, p):
+    """Q9: per seed, ID pass@1 at the warm-up (step 0), at the best checkpoint (its step) and at step 200, for
+    the released term and GRPO; start and end marked."""
+    plt = pyplot()
+    names = ["q7-released", "q7-grpo"]
+    seeds = [s for s in arm("warmup-q9", p).seeds if (w := load(f"warmup-q9-s{s}")) and "id" in w["evals"]
+             and all((d := load(arm(n, p).run_id(s))) and "id" in d["evals"] for n in names)]
+    if not seeds:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, n in zip(axes, names):
+        for s in seeds:
+            w, d = load(f"warmup-q9-s{s}"), load(arm(n, p).run_id(s))
+            xs, ys = [0], [pass1(w, "id")[0]]
+            if "id-best" in d["evals"] and d.get("best.json", {}).get("step", 200) < 200:
+                xs.append(d["best.json"]["step"])
+                ys.append(pass1(d, "id-best")[0])
+            xs.append(200)
+            ys.append(pass1(d, "id")[0])
+            ax.plot(xs, ys, color="0.6", lw=1, marker=".", ms=5)
+            ax.plot([0], ys[:1], "o", color="tab:green", ms=5)
+            ax.plot([200], ys[-1:], "s", color=STYLE[n][0], ms=5)
+        ax.plot([], [], "o", color="tab:green", label="start: the SFT warm-up (step 0)")
+        ax.plot([], [], "s", color=STYLE[n][0], label="end: step 200")
+        ax.plot([], [], ".", color="0.6", label="best checkpoint (by training reward)")
+        ax.set_title(arm(n, p).label, fontsize=9)
+        ax.set_xlabel("RL step", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("ID pass@1 (64 held-out problems x 8)", fontsize=9)
+    fig.suptitle(f"Q9: RL's own gain, seeds {', '.join(map(str, seeds))}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 RUN_PANELS = [("entropy", 1.0, "mean token entropy (nats), trailing 10 steps"),
               ("rewards/format", 10.0, "formatting (% of 10 points), trailing 10 steps"),
               ("rewards/accuracy", 10.0, "accuracy (% of 10 points), trailing 10 steps")]

@@ -276,11 +276,12 @@ PARTS = [
                 Test("Q8", "host alone: GRPO here − GRPO in Q7", vs("q8-grpo", "q7-grpo"), "id", sign=0,
                    names=("GRPO here", "GRPO in Q7"))],
          figures=[("q8.png", "plot_q8", {})]),
-    Part("q9", "Q9: what do 200 RL steps add to the warm-up they start from?", cost="Q9", order="seed", arms=[
+    Part("q9", "Q9: what do 200 RL steps add to the warm-up they start from?", cost="Q9", order="seed",
+         section="q9_lines", figures=[("q9.png", "plot_q9", {})], arms=[
              Arm("warmup-q9", "SFT warm-up, 32 steps (evaluated)", WARMUP_LONG, Q7_SEEDS, passes=(("id", "ood"),)),
              Arm("q7-grpo", "GRPO β=0"), Arm("q7-gtpo", "GTPO, Eq. 7"), Arm("q7-released", "GTPO, released term"),
              Arm("q8-nogamma", "GTPO, γ = 0")],
-         tests=[Test("Q9", f"{name} − warm-up", vs(name, "warmup-q9"), metric, test="sign-flip one-sided",
+         tests=[Test("Q9", f"{label} − warm-up", vs(name, "warmup-q9"), metric, test="sign-flip one-sided",
                      holm=metric, names=(label, "warm-up"))
                 for metric in ("id", "ood") for name, label in Q9_ARMS]),
     Part("q5", "Q5: conflict tokens are mostly format tokens (Sec. 4.1)", section="conflict_lines"),
@@ -328,6 +329,9 @@ ANSWERS = [
            ("Q7", "GTPO above GRPO", "id"), ("q7-gtpo", "q7-grpo")),
     Answer("Q8", "GTPO above GRPO β=0: the released entropy term, or γ = 0", LONG_SETTING + " (Q7's runs beside)", "q8",
            ("Q8", "released − GRPO", "id"), ("q7-released", "q8-nogamma", "q7-grpo", "q7-gtpo")),
+    Answer("Q9", "RL raises pass@1 above the SFT warm-up it starts from (RL fine-tuning's premise)",
+           LONG_SETTING + "; the warm-ups evaluated", "q9", "q9",
+           ("warmup-q9", "q7-released", "q7-grpo", "q7-gtpo", "q8-nogamma"), outcome="gain_outcome"),
 ]
 
 

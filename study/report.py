@@ -13,8 +13,8 @@ import os
 import statistics
 
 import runs
-from study.plan import (ANSWERS, COLLAPSE_WINDOW, KEEP, LADDER, METHODS, PARTS, PILOT_SEED, STUDY, TEST_SEEDS, arm,
-                        collapse_step, load, part, part_jobs, trailing)
+from study.plan import (ANSWERS, COLLAPSE_WINDOW, KEEP, LADDER, METHODS, PARTS, PILOT_SEED, Q9_ARMS, STUDY, TEST_SEEDS,
+                        arm, collapse_step, load, part, part_jobs, trailing)
 from study.verdicts import pass1, runs_of, sentence, sign_flip_p, solvable, test_row, test_rows, train_accuracy
 
 def question_rows():
@@ -67,6 +67,40 @@ def q8_lines(p):
     (key, title, rule, lines), = per_seed_lines(p, rows)
     term, why = default_term(p, rows)
     return [(key, title, rule, lines + ["", f"Default entropy term by part 7's rule: `{term}` ({why})"])]
+
+
+def q9_lines(p):
+    """Q9: per seed, the warm-up's ID and OOD pass@1 (its fingerprint against Q7's warm-up, and its ID formatting
+    share) and each arm's final value minus it; then the verdicts, Holm within each set."""
+    rows = test_rows(p, p.tests)
+    names = [n for n, _ in Q9_ARMS]
+    lines = ["| seed | warm-up = Q7's (fingerprint) | warm-up ID pass@1 (format %) | warm-up OOD pass@1 | "
+             + " | ".join(f"{arm(n, p).label}: ID (OOD) final − warm-up" for n in names) + " |",
+             "|" + "---|" * (4 + len(names))]
+    for s in arm("warmup-q9", p).seeds:
+        w = load(f"warmup-q9-s{s}")
+        if w is None or "ood" not in w["evals"]:
+            continue
+        same = fingerprint(f"warmup-q9-s{s}") == fingerprint(f"warmup-q7-s{s}")
+        cells = []
+        for n in names:
+            d = load(arm(n, p).run_id(s))
+            cells.append("–" if not d or "ood" not in d["evals"] else
+                         f"{pass1(d, 'id')[0] - pass1(w, 'id')[0]:+.3f} ({pass1(d, 'ood')[0] - pass1(w, 'ood')[0]:+.3f})")
+        lines.append(f"| {s} | {'equal' if same else 'differs: paired by recipe and seed'} | "
+                     f"{pass1(w, 'id')[0]:.3f} ({100 * w['evals']['id']['format_rate']:.0f}) | "
+                     f"{pass1(w, 'ood')[0]:.3f} | " + " | ".join(cells) + " |")
+    def said(t, r):
+        return f"{t.names[0]} {r.get('verdict', 'not run') if r['units'] == r['expected'] else 'not finished'}"
+    rule = "; ".join(f"{m.upper()}: " + ", ".join(said(t, r) for t, r in zip(p.tests, rows) if t.metric == m)
+                     for m in ("id", "ood"))
+    return [(p.key, p.title, rule, lines + [""] + [f"- {t.claim} ({t.metric.upper()}): {sentence(t, r)}"
+                                                   for t, r in zip(p.tests, rows)])]
+
+
+def fingerprint(run_id):
+    path = os.path.join(KEEP, run_id, "adapter_fingerprint.json")
+    return runs.read_json(path)["fingerprint"] if os.path.isfile(path) else None
 
 
 def default_term(p, rows=None):
@@ -334,6 +368,21 @@ def pass1_outcome(a):
                          + (f", {100 * statistics.fmean(fmt):.0f} % formatted" if fmt else ""))
     what = {"id": "ID pass@1", "rung": "pass@1 on the rung's task"}[a.evals]
     return f"{what} (mean of seeds) — " + "; ".join(cells) if cells else "not run"
+
+
+def gain_outcome(a):
+    """Q9: the warm-up's mean ID (OOD) pass@1 over its evaluated seeds, then each arm's over the same seeds."""
+    warm = arm(a.arms[0])
+    seeds = [s for s in warm.seeds if (d := load(warm.run_id(s))) and "ood" in d["evals"]]
+    if not seeds:
+        return "not run"
+
+    def mean(owner, s_):
+        ds = [load(owner.run_id(s)) for s in seeds]
+        return statistics.fmean(pass1(d, s_)[0] for d in ds)
+    cells = [f"{arm(n).label} {mean(arm(n), 'id'):.3f} ({mean(arm(n), 'ood'):.3f})" for n in a.arms[1:]]
+    return (f"ID (OOD) pass@1, mean of {len(seeds)} seeds — warm-up {mean(warm, 'id'):.3f} "
+            f"({mean(warm, 'ood'):.3f}) → " + "; ".join(cells))
 
 
 def conflict_outcome(a):

@@ -666,3 +666,21 @@ def test_the_readme_own_data_check_runs_offline_as_written(tmp_path):
     assert "one-shot example: the first train record of mine.jsonl" in r.stdout and "done:" in r.stdout
     rows = [json.loads(line) for line in (tmp_path / "runs" / "gtpo-smollm2-135m-mine" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["phase"] == "rl" for r in rows)
+
+
+def test_print_config_says_where_each_value_came_from_without_loading(train_here, monkeypatch):
+    """--print_config: the settings and their layer (flag, --released_code, profile, default, setup), printed in
+    seconds: nothing loads (load_model would raise here)."""
+    monkeypatch.setattr(train, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    r = train_here("--print_config", "--released_code", "--lr", "1e-4")
+    rows = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines() if not line.startswith("#")}
+    assert r.returncode == 0
+    assert rows["ent_gamma"] == ["0.1", "--released_code"] and rows["lr"] == ["0.0001", "flag"]
+    assert rows["max_steps"] == ["28", "profile", "(smollm2-135m)"] and rows["seed"] == ["3407", "default"]
+    assert rows["device"][1:] == ["setup", "(device,", "model,", "method)"]
+
+
+def test_config_json_records_each_settings_source(tmp_path, tiny_args):
+    assert train.main(tiny_args(tmp_path / "run", max_steps=1)) == 0
+    sources = json.load(open(tmp_path / "run" / "config.json"))["sources"]
+    assert sources["lora_rank"] == "flag" and sources["lr"] == "default" and sources["method"] == "default"
