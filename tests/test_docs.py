@@ -81,3 +81,19 @@ def test_the_quick_start_runs_as_written_in_order(tmp_path):
     assert len(evals) == 3 and any(e.endswith("-final") for e in evals) and any(e.endswith("-checkpoint-8")
                                                                                 for e in evals), evals
     assert (tmp_path / "runs" / "plots" / "passk.png").is_file() and (tmp_path / "runs" / "try" / "final").is_dir()
+
+
+def test_readme_results_paragraph_is_the_studys_committed_verdicts():
+    """README "Results at CPU scale" quotes Q6-Q8's tests as study.verdicts computes them from study/runs/."""
+    from study import plan, verdicts
+
+    def row(key, claim):
+        p = plan.part(key)
+        return next(r for t, r in zip(p.tests, verdicts.test_rows(p, p.tests)) if t.claim == claim)
+    text = page("README.md")
+    q7, q8_eq7, q8_grpo = row("q7", "GTPO above GRPO"), row("q8", "released − Eq. 7"), row("q8", "released − GRPO")
+    q6 = row("q6", "GRPO collapses more often than GTPO with Eq. 7")
+    assert f"({q7['mean']:+.3f}, p = {q7['p']:.3f})".replace("-", "−") in text
+    assert f"above Eq. 7 ({q8_eq7['mean']:+.3f}, p = {q8_eq7['p']:.3f})" in text
+    assert f"level with GRPO ({q8_grpo['mean']:+.3f}, within noise)" in text and "within noise" in q8_grpo["verdict"]
+    assert f"collapsed in {q6['counts'][1]} of 8 seeds (GRPO {q6['counts'][0]}, p = {q6['p']:.3f})" in text
