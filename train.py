@@ -37,19 +37,20 @@ BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc"
 # 1. setup
 
 def setup_model(cfg, dist, log):
-    """Model (LoRA, 4-bit where asked) and tokenizer; records the LoRA rank and 4-bit actually used."""
+    """Model (LoRA, 4-bit where asked) and tokenizer -> (model, tok, the config with the LoRA rank and 4-bit
+    actually used); cfg itself is left as parsed."""
     fp32_matmuls(dist.device, cfg.tf32)
     model, tok, info = load_model(cfg.model, lora_rank=cfg.lora_rank, load_in_4bit=cfg.load_in_4bit,
                                   dtype=pick_dtype(cfg.dtype, dist.device), device=dist.device,
                                   gradient_checkpointing=cfg.gradient_checkpointing, log=log)
-    cfg.lora_rank, cfg.load_in_4bit = info["lora_rank"], info["quantized_4bit"]
+    cfg = dataclasses.replace(cfg, lora_rank=info["lora_rank"], load_in_4bit=info["quantized_4bit"])
     log(f"model {cfg.model} ({info['path']}): {info['trainable_params']:,} trainable parameters, "
         f"LoRA rank {cfg.lora_rank}, 4-bit {info['quantized_4bit']}, {info['dtype']} on {dist.device}"
         + (f", {dist.world} ranks" if dist.world > 1 else ""))
     if cfg.init_from:                                   # before resume: a checkpoint's weights win
         load_start_weights(model, cfg.init_from)
         log(f"weights from {cfg.init_from}")
-    return model, tok
+    return model, tok, cfg
 
 
 def load_records(cfg, tok, records, log):
@@ -80,9 +81,9 @@ def on_cuda(device):
 def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
     """On CUDA, before the first step: the sampler (with --rollout auto), checkpointing (unless given) and
     the micro-batch (the largest that fits, unless given), decided by the estimated memory (memory.py),
-    and one line saying so."""
+    and a line saying so -> the config with what it decided (cfg itself is left as parsed)."""
     if not on_cuda(device):
-        return
+        return cfg
     import memory
     from models import checkpoint_activations
     budget = (cfg.memory_budget_gb * 1e9 if cfg.memory_budget_gb else
@@ -91,38 +92,41 @@ def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
     if cfg.micro_batch_size == 0:                       # "all at once", given
         s = dataclasses.replace(s, micro_batch_size=s.batch_size * s.generation_size)
     if cfg.rollout == "auto":
-        cfg.rollout, ckpt, m, est, why = memory.choose_sampler(model.config, s, budget, cfg.gradient_checkpointing)
+        rollout, ckpt, m, est, why = memory.choose_sampler(model.config, s, budget, cfg.gradient_checkpointing)
+        cfg = dataclasses.replace(cfg, rollout=rollout)
         log(f"sampler: {cfg.rollout} (--rollout auto: {why})")
     else:
         ckpt, m, est = memory.decide(model.config, s, budget, cfg.gradient_checkpointing)
     if cfg.gradient_checkpointing is None:
-        cfg.gradient_checkpointing = ckpt
+        # checkpointed layers cannot keep a KV cache: no shared prompt with them
+        cfg = dataclasses.replace(cfg, gradient_checkpointing=ckpt, share_prompt=cfg.share_prompt and not ckpt)
         if ckpt:
             checkpoint_activations(model.get_base_model() if hasattr(model, "get_base_model") else model)
-            cfg.share_prompt = False                    # checkpointed layers cannot keep a KV cache
     if m is None:
         raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
                           f"(estimate {memory.describe(est)}): lower --max_completion_length or "
                           f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
-    cfg.micro_batch_size = m
+    cfg = dataclasses.replace(cfg, micro_batch_size=m)
     s = dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=cfg.gradient_checkpointing,
                             share_prompt=cfg.share_prompt, sampler="merged" if cfg.rollout == "merged" else "generate")
     est = memory.estimate(model.config, s)
     log(f"memory: estimated {est['card'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
         f"{m or s.batch_size * s.generation_size} completions, checkpointing "
         f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
+    return cfg
 
 
 def plan_sampling(cfg, model, tok, records, example, dist, log):
     """On CUDA the memory plan (the sampler, checkpointing, micro-batch); with the merged sampler its decode loop
-    sized once for the run: the longest prompt, and <H>_ini's 8 rows or B x G (one compiled shape)."""
+    sized once for the run: the longest prompt, and <H>_ini's 8 rows or B x G (one compiled shape).
+    -> the config with the plan's decisions."""
     if not (on_cuda(dist.device) or cfg.rollout == "merged"):
-        return
+        return cfg
     longest = longest_prompt(tok, records, example)
-    if on_cuda(dist.device):
-        plan_memory(cfg, model, longest, dist.device, log, dist.world)
+    cfg = plan_memory(cfg, model, longest, dist.device, log, dist.world)
     if cfg.rollout == "merged":
         merged_rollout.reserve(model, max(cfg.batch_size * cfg.generation_size, 8), longest, cfg.max_completion_length)
+    return cfg
 
 
 def make_optimizer(cfg, params, total_steps, log=print):
@@ -173,9 +177,9 @@ def start_rl_phase(cfg, optimizer):
 
 def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     """<H>_ini (Sec. 6) on the first --ent_ini_prompts training prompts, once per run (kept in the
-    checkpoint); only GTPO with --entropy_filter auto reads it (Eq. 6, Config.gate)."""
+    checkpoint); only GTPO with --entropy_filter auto reads it (Eq. 6, Config.gate). -> the config with h_ini."""
     if cfg.method != "gtpo" or cfg.entropy_filter != "auto":
-        return
+        return cfg
     recs = records[:cfg.ent_ini_prompts]
     if state.get("h_ini") is None:
         mine = recs[dist.rank::dist.world]                # each rank its share of the prompts
@@ -185,9 +189,10 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
             h = step.initial_entropy(model, tok, prompts, cfg)    # so every method samples alike from step 1
         total = dist.mean({"sum": h.sum().item(), "n": len(h)})  # ranks' means of sums and counts: their ratio
         state["h_ini"] = total["sum"] / total["n"]
-    cfg.h_ini = state["h_ini"]
+    cfg = dataclasses.replace(cfg, h_ini=state["h_ini"])
     log(f"<H>_ini = {cfg.h_ini:.3f} over {len(recs)} prompts {'<' if cfg.gate == 'all' else '>='} ln 2 "
         f"-> entropy filter {cfg.gate} (Eq. 6)")
+    return cfg
 
 
 def epoch_steps(n_records, batch_size, world, log):
@@ -231,9 +236,9 @@ def train(cfg, dist, stop):
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
-    model, tok = setup_model(cfg, dist, log)
+    model, tok, cfg = setup_model(cfg, dist, log)
     records, example = load_records(cfg, tok, records, log)
-    plan_sampling(cfg, model, tok, records, example, dist, log)
+    cfg = plan_sampling(cfg, model, tok, records, example, dist, log)
     steps_per_epoch = epoch_steps(len(records), cfg.batch_size, dist.world, log)
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -242,7 +247,7 @@ def train(cfg, dist, stop):
     state = resume(cfg.output_dir, model, optimizer, scheduler, dist, log) if cfg.resume else {"step": 0}
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
-    measure_h_ini(cfg, state, model, tok, records, example, dist, log)
+    cfg = measure_h_ini(cfg, state, model, tok, records, example, dist, log)
     aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
     metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))

@@ -357,7 +357,8 @@ def cap40_child(args, folder, res):
     cfg, model, tok, optimizer, params = setup(args, folder, [*args.flags.split(), "--memory_budget_gb", str(CAP_GB)])
     prompt, answer = bench_prompt(tok, 250)
     said = []
-    train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, said.append)
+    cfg = train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device,
+                            said.append)
     row = {"budget_gb": CAP_GB, "plan": said, "rollout": cfg.rollout, "micro_batch_size": cfg.micro_batch_size,
            "gradient_checkpointing": cfg.gradient_checkpointing, "steps": [], "out_of_memory": False}
     print(f"\n3. cap40: {CAP_GB} GB for this process; " + (" / ".join(said) if cuda else "CPU: no cap and no plan"))
@@ -450,7 +451,7 @@ def run(args, res):
         cap40(args, folder, gpu)
     cfg, model, tok, optimizer, params = setup(args, folder, args.flags.split())
     prompt, answer = bench_prompt(tok, 250)
-    train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
+    cfg = train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
     print(f"\n{args.gpu_shape} ({'random' if folder.startswith(tempfile.gettempdir()) else 'its own'} weights), "
           f"4-bit NF4, LoRA {cfg.lora_rank}, on {res['device']}: set up in {time.time() - t0:.0f} s")
     for part in parts:

@@ -141,7 +141,7 @@ def test_auto_on_cuda_takes_the_merged_copy_when_the_budget_holds_it(tiny_model_
     assert need["merged"] > need["generate"]
     for budget, want in ((2e9, "merged"), ((need["merged"] + need["generate"]) / 2, "generate")):
         cfg, lines = parse_args(argv + ["--memory_budget_gb", str(budget / 1e9)]), []
-        train.plan_memory(cfg, load_model(tiny_model_dir, lora_rank=4)[0], 100, "cuda", lines.append)
+        cfg = train.plan_memory(cfg, load_model(tiny_model_dir, lora_rank=4)[0], 100, "cuda", lines.append)
         assert cfg.rollout == want and lines[0].startswith(f"sampler: {want} (--rollout auto: ")
         assert ("sampler " in lines[1]) == (want == "merged") and lines[1].startswith("memory: estimated")
     forced = parse_args(argv + ["--memory_budget_gb", str(need["generate"] / 2e9), "--rollout", "merged"])

@@ -515,7 +515,7 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     assert cfg.micro_batch_size is None and cfg.gradient_checkpointing is None and cfg.share_prompt
     model, _, _ = load_model(tiny_model_dir, lora_rank=4)
     lines = []
-    train.plan_memory(cfg, model, 100, "cuda", lines.append)
+    cfg = train.plan_memory(cfg, model, 100, "cuda", lines.append)
     s = dataclasses.replace(memory.Settings.from_config(cfg, 100, 4), micro_batch_size=cfg.micro_batch_size)
     assert cfg.gradient_checkpointing and not cfg.share_prompt and model.is_gradient_checkpointing
     assert 1 <= cfg.micro_batch_size < 12 and memory.estimate(model.config, s)["card"] <= tight * 1e9
@@ -525,7 +525,7 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     assert f"micro-batches of {cfg.micro_batch_size} completions, checkpointing on" in lines[0]
     roomy = parse_args(argv + ["--memory_budget_gb", "2"])
     model, _, _ = load_model(tiny_model_dir, lora_rank=4)
-    train.plan_memory(roomy, model, 100, "cuda", lines.append)
+    roomy = train.plan_memory(roomy, model, 100, "cuda", lines.append)
     assert (roomy.gradient_checkpointing, roomy.share_prompt, roomy.micro_batch_size) == (False, True, 12)
     assert not model.is_gradient_checkpointing and "checkpointing off" in lines[-1]
     cfg.micro_batch_size, cfg.memory_budget_gb = None, 1e-4
@@ -684,3 +684,15 @@ def test_config_json_records_each_settings_source(tmp_path, tiny_args):
     assert train.main(tiny_args(tmp_path / "run", max_steps=1)) == 0
     sources = json.load(open(tmp_path / "run" / "config.json"))["sources"]
     assert sources["lora_rank"] == "flag" and sources["lr"] == "default" and sources["method"] == "default"
+
+
+def test_setup_decides_and_leaves_the_parsed_config_as_it_was(tmp_path, tiny_args, monkeypatch):
+    """The model's LoRA rank, the memory plan and <H>_ini come back from setup as a new Config the loop reads;
+    the one parse_args returned is not changed (config.json records what setup decided)."""
+    from config import parse_args
+    cfg = parse_args(tiny_args(tmp_path / "run", max_steps=1, entropy_filter="auto", ent_ini_prompts=2))
+    parsed = dataclasses.asdict(cfg)
+    monkeypatch.setattr(train, "parse_args", lambda *a, **k: cfg)
+    assert train.main([]) == 0
+    assert dataclasses.asdict(cfg) == parsed and cfg.h_ini is None
+    assert json.load(open(tmp_path / "run" / "config.json"))["h_ini"] is not None
