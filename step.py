@@ -203,100 +203,103 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
     with autocast(model):
-        ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
+        sampled = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
                      min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
-    mask = ro.completion_mask                                                        # (N, L)
+    mask = sampled.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
-    refs, counts = [a for a in answers for _ in range(G)], {}
-    total, fmt, cor = rewards.reward(ro.texts, refs, cfg.reward_task, counts)        # the one reward
+    refs, counts = [answer for answer in answers for _ in range(G)], {}
+    total, formatting, correctness = rewards.reward(sampled.texts, refs, cfg.reward_task, counts)   # the one reward
     adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
     clock("reward")
     # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
-    weights = conflict = n_conf = None
+    weights = conflict = n_conflict = None
     if cfg.method == "gtpo":
-        weights, conflict, n_conf = gtpo.batch_conflict_weights(
-            ro.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine,
+        weights, conflict, n_conflict = gtpo.batch_conflict_weights(
+            sampled.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine,
             count=cfg.conflict_count)
     if conflict_log is not None:
-        conflict_log.add(ro.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
+        conflict_log.add(sampled.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys
     # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
-    h, gated, m = policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock, ranks)
-    m.update(rl_metrics(cfg, ro, total, fmt, cor, h, m.pop("loss")))
-    m["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
+    mean_entropy, gated, metrics = policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conflict,
+                                                   clock, ranks)
+    metrics.update(rl_metrics(cfg, sampled, total, formatting, correctness, mean_entropy, metrics.pop("loss")))
+    metrics["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
     if gated is not None:
-        frac, h_dropped = gtpo.filtered_stats(adv, gated, h) if cfg.gate != "off" else (0.0, 0.0)
-        m.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped})
+        frac, dropped_entropy = gtpo.filtered_stats(adv, gated, mean_entropy) if cfg.gate != "off" else (0.0, 0.0)
+        metrics.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": dropped_entropy})
     if cfg.method == "gtpo":
-        m.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
-                  "gtpo/mean_conflict_tokens": n_conf.float().mean().item()})
-    return m, ro, {"rewards": total, "advantages": adv, "weights": weights}
+        metrics.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
+                  "gtpo/mean_conflict_tokens": n_conflict.float().mean().item()})
+    return metrics, sampled, {"rewards": total, "advantages": adv, "weights": weights}
 
 
-def policy_gradient(cfg, model, policy, ref_model, ro, adv, weights, n_conf, clock=_no_clock, ranks=None):
+def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conflict, clock=_no_clock, ranks=None):
     """Backward of the step's loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
     on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
     so the micro-batch size does not change the gradient. With --share_prompt each prompt runs once
     for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward.
     Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the token means of the
     losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
-    G, mask, N = cfg.generation_size, ro.completion_mask, len(ro.texts)
+    G, mask, N = cfg.generation_size, sampled.completion_mask, len(sampled.texts)
     totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
-    ent_i, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0           # (N,) in rollout order
+    all_entropy, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0     # (N,) in rollout order
     prompts = None
     if cfg.share_prompt and len(batches) > 1:                    # each prompt once for all the micro-batches
         with _sync_if(policy, False), autocast(model):
-            prompts = prompt_pass(policy, ro.prompt_ids[::G], ro.prompt_mask[::G], cfg.logprob_chunk)
+            prompts = prompt_pass(policy, sampled.prompt_ids[::G], sampled.prompt_mask[::G], cfg.logprob_chunk)
         clock("forward")
     for i, (rows, width) in enumerate(batches):
         last = i == len(batches) - 1
-        prompt = prompt_rows(ro, rows, G, cfg.share_prompt)
-        ids, m_mb = ro.completion_ids[rows, :width], mask[rows, :width]                # (n, width)
+        prompt = prompt_rows(sampled, rows, G, cfg.share_prompt)
+        ids, mb_mask = sampled.completion_ids[rows, :width], mask[rows, :width]             # (n, width)
         if prompts is not None:
             prompts.last = last
         with _sync_if(policy, last):
             ref = None
             if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
-                ref = reference_logprobs(model, ref_model, prompt, ids, m_mb, cfg)
+                ref = reference_logprobs(model, ref_model, prompt, ids, mb_mask, cfg)
                 clock("reference")
             with autocast(model):
-                logp, ent = sequence_logprobs(policy, *prompt[:2], ids, m_mb, logprob_chunk=cfg.logprob_chunk,
-                                              prompt_index=prompt[2] if prompts is None else rows // G,
-                                              temperature=cfg.temperature,               # of what was sampled
-                                              entropy_grad=entropy_grad(cfg), prompts=prompts)
-                h = gtpo.masked_mean(ent, m_mb, dim=1)                                # (n,) <H>_i
-                loss, lm, a = policy_loss(cfg, logp, m_mb, adv[rows], h,
-                                          None if weights is None else weights[rows, :width],
-                                          None if n_conf is None else n_conf[rows], ref, totals)
+                logp, token_entropy = sequence_logprobs(policy, *prompt[:2], ids, mb_mask,
+                                                        logprob_chunk=cfg.logprob_chunk,
+                                                        prompt_index=prompt[2] if prompts is None else rows // G,
+                                                        temperature=cfg.temperature,     # of what was sampled
+                                                        entropy_grad=entropy_grad(cfg), prompts=prompts)
+                mean_entropy = gtpo.masked_mean(token_entropy, mb_mask, dim=1)                # (n,) <H>_i
+                loss, loss_metrics, shaped = policy_loss(cfg, logp, mb_mask, adv[rows], mean_entropy,
+                                                         None if weights is None else weights[rows, :width],
+                                                         None if n_conflict is None else n_conflict[rows], ref,
+                                                         totals)
             clock("forward")
             if prompts is not None and last:    # and the gradient the prompts gathered, in the same backward
                 prompts.backward(loss)
             else:
                 loss.backward()             # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
-        ent_i[rows] = h.detach()
-        if a is not None:
+        all_entropy[rows] = mean_entropy.detach()
+        if shaped is not None:
             gated = adv.new_zeros(N) if gated is None else gated
-            gated[rows] = a.detach()
+            gated[rows] = shaped.detach()
         for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
-            if key in lm:
-                token_sums.setdefault(key, []).append(lm[key] * m_mb.sum())
+            if key in loss_metrics:
+                token_sums.setdefault(key, []).append(loss_metrics[key] * mb_mask.sum())
         loss_sum += loss.item()
-    m = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
-    return ent_i, gated, {"loss": loss_sum, **m}
+    metrics = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
+    return all_entropy, gated, {"loss": loss_sum, **metrics}
 
 
-def rl_metrics(cfg, ro, total, fmt, cor, h, loss):
+def rl_metrics(cfg, sampled, total, formatting, correctness, mean_entropy, loss):
     """The step's metrics under TRL's names (docs/training.md, "Reading metrics.jsonl")."""
     G = cfg.generation_size
     std = total.view(-1, G).std(dim=1)                                               # (B,)
-    lengths = ro.completion_mask.sum(1).float()
+    lengths = sampled.completion_mask.sum(1).float()
     return {"phase": "rl", "loss": loss, "reward": total.mean().item(), "reward_std": std.mean().item(),
-            "rewards/format": fmt.mean().item(), "rewards/accuracy": cor.mean().item(),
-            "frac_reward_zero_std": (std == 0).float().mean().item(), "entropy": h.mean().item(),
+            "rewards/format": formatting.mean().item(), "rewards/accuracy": correctness.mean().item(),
+            "frac_reward_zero_std": (std == 0).float().mean().item(), "entropy": mean_entropy.mean().item(),
             "completions/mean_length": lengths.mean().item(),
-            "completions/clipped_ratio": ro.truncated.float().mean().item()}
+            "completions/clipped_ratio": sampled.truncated.float().mean().item()}
 
 
 # -----------------------------------------------------------------------------
