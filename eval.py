@@ -230,7 +230,7 @@ def pick_sampler(args, model, tok, records, example, device, log=print):
     return sampler
 
 
-def sample(model, tok, records, task, args, example, out_f, rows=()):
+def sample_problems(model, tok, records, task, args, example, out_f, rows=()):
     """n completions per record, `--batch_size` completions per rollout call; rows to out_f.
     `rows`: complete problems already sampled (--resume), which are skipped."""
     from tqdm import tqdm
@@ -427,7 +427,7 @@ def sampled(args):
     args.rollout = pick_sampler(args, model, tok, records, example, device)
     with open(samples_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in done)
-        rows = sample(model, tok, records, task, args, example, f, done)
+        rows = sample_problems(model, tok, records, task, args, example, f, done)
     meta = {"model": args.model, "adapter": args.adapter, "rollout": args.rollout, "dataset": args.dataset,
             "split": args.split, "task": task,
             "temperature": args.temperature, "max_completion_length": args.max_completion_length,
