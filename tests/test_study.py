@@ -676,7 +676,8 @@ def test_results_md_opens_with_what_to_run_and_the_answers_of_summary_md():
     table, before = _answers_in(os.path.join(here, "docs", "results.md"))
     assert len(before) + len(table) <= 45 and any(line.startswith("**What to run:**") for line in before)
     assert table == _answers_in(os.path.join(here, "study", "summary.md"))[0]
-    assert [row.split(" | ")[0][2:] for row in table[2:]] == ["Q1", "Q2", "Q3", "Q4", "Part 3", "Q5", "Q6", "Q7", "Q8"]
+    assert [row.split(" | ")[0][2:] for row in table[2:]] == ["Q1", "Q2", "Q3", "Q4", "Part 3", "Q5", "Q6", "Q7", "Q8",
+                                                         "Q9"]
 
 
 @pytest.mark.slow
