@@ -97,3 +97,15 @@ def test_readme_results_paragraph_is_the_studys_committed_verdicts():
     assert f"above Eq. 7 ({q8_eq7['mean']:+.3f}, p = {q8_eq7['p']:.3f})" in text
     assert f"level with GRPO ({q8_grpo['mean']:+.3f}, within noise)" in text and "within noise" in q8_grpo["verdict"]
     assert f"collapsed in {q6['counts'][1]} of 8 seeds (GRPO {q6['counts'][0]}, p = {q6['p']:.3f})" in text
+
+
+def test_readme_q9_sentence_is_the_studys():
+    """README's Q9 sentence: the warm-ups' and arms' mean ID (OOD) pass@1 as study.report computes them."""
+    from study import plan, report
+    a = next(x for x in plan.ANSWERS if x.q == "Q9")
+    outcome, text = report.gain_outcome(a), page("README.md")
+    warm = outcome.split("warm-up ")[1].split(" →")[0]                              # "0.227 (0.137)"
+    assert f"ID (OOD) pass@1 {warm} after the 32-step SFT" in text
+    for label, words in (("GTPO, released term", "with the released term"), ("GRPO β=0", "with GRPO"),
+                         ("GTPO, Eq. 7", "with Eq. 7")):
+        assert f"{outcome.split(label + ' ')[1].split(';')[0]} {words}" in text
