@@ -383,7 +383,7 @@ def _measure(config, s):
     B, G, P, C = s.batch_size, s.generation_size, s.prompt_tokens, s.completion_tokens
     cfg = SimpleNamespace(generation_size=G, micro_batch_size=s.micro_batch_size, share_prompt=s.share_prompt,
                           logprob_chunk=s.logprob_chunk, method="grpo", beta=0.0, clip_eps=0.2, gate="off",
-                          temperature=1.0, entropy_term="eq7", ent_gamma=0.0, loss_type="grpo",
+                          temperature=1.0, entropy_term="eq7", ent_gamma=0.0, loss_type="grpo", sum_completions=False,
                           max_completion_length=C)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
