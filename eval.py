@@ -375,6 +375,11 @@ EVAL_ARGS = ("model", "adapter", "dataset", "split", "task", "n_samples", "tempe
              "one_shot_from", "seed", "load_in_4bit", "dtype")   # what makes the samples (--limit may grow)
 
 
+def eval_args(args):
+    """What made an evaluation's samples (EVAL_ARGS, the adapter as an absolute path): eval_args.json."""
+    return {**{k: getattr(args, k) for k in EVAL_ARGS}, "adapter": args.adapter and os.path.abspath(args.adapter)}
+
+
 def check_output_dir(args, out):
     """Refuse a training run's folder (whatever the flags), an evaluation of other settings on --resume
     (eval_args.json), and one that exists without --resume or --overwrite."""
@@ -383,8 +388,7 @@ def check_output_dir(args, out):
                         f"evaluation never writes there: give another --output_dir (the default names the adapter)")
     samples_path, args_path = os.path.join(out, "samples.jsonl"), os.path.join(out, "eval_args.json")
     if os.path.exists(samples_path) and args.resume:
-        mine = {k: getattr(args, k) for k in EVAL_ARGS}
-        mine["adapter"] = mine["adapter"] and os.path.abspath(mine["adapter"])
+        mine = eval_args(args)
         theirs = runs.read_json(args_path) if os.path.isfile(args_path) else None
         if theirs is None:
             raise DataError(f"--resume: {out} does not say which model and adapter made its samples (no "
@@ -420,8 +424,7 @@ def sampled(args):
     if os.path.exists(samples_path) and args.resume:
         done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
     os.makedirs(out, exist_ok=True)
-    runs.write_json(os.path.join(out, "eval_args.json"), {
-        **{k: getattr(args, k) for k in EVAL_ARGS}, "adapter": args.adapter and os.path.abspath(args.adapter)})
+    runs.write_json(os.path.join(out, "eval_args.json"), eval_args(args))
     model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
                                  pick_dtype(args.dtype, device))
     args.rollout = pick_sampler(args, model, tok, records, example, device)

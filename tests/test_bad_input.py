@@ -81,8 +81,7 @@ def test_resume_refuses_samples_of_another_adapter(tmp_path):
     (out / "samples.jsonl").write_text('{"problem": 0, "sample": 0}\n')
     args = evaluate.parse_args(["--adapter", str(tmp_path / "a" / "final"), "--output_dir", str(out)])
     args.one_shot_from = "arithmetic"
-    (out / "eval_args.json").write_text(json.dumps({**{k: getattr(args, k) for k in evaluate.EVAL_ARGS},
-                                                    "adapter": os.path.abspath(args.adapter)}))
+    (out / "eval_args.json").write_text(json.dumps(evaluate.eval_args(args)))
     with pytest.raises(DataError, match="other settings.*adapter"):
         evaluate.main(["--adapter", str(tmp_path / "a" / "checkpoint-8"), "--output_dir", str(out), "--resume"])
     (out / "eval_args.json").unlink()
