@@ -685,3 +685,28 @@ def test_summary_md_answers_are_computed_from_the_plan_and_the_committed_runs():
     """study/summary.md's answers table is what study.report computes now from plan.ANSWERS and study/runs/."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert _answers_in(os.path.join(here, "study", "summary.md"))[0] == study_report.answer_lines()
+
+
+def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
+    """study.watch's commands, parsed as train.py / eval.py parse them, give the committed runs' recorded settings
+    (warmup-q9-s1, q7-released-s1: config.json, eval-id.json), the RL run starting from the warm-up it trained."""
+    import eval as evaluate
+    from config import identity_keys, parse_args
+    from study import watch
+    keys = [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
+                                                               "ent_ini_prompts"]
+    steps = watch.commands(1, "runs/watch-s1")
+    assert [cmd[0] for cmd, _ in steps] == ["train.py", "train.py", "eval.py", "eval.py"]
+    for (cmd, _), run_id in zip(steps, ("warmup-q9-s1", "q7-released-s1")):
+        with open(os.path.join(plan.KEEP, run_id, "config.json")) as f:
+            have = json.load(f)
+        cfg = parse_args(cmd[1:])
+        assert {k: getattr(cfg, k) for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
+    assert parse_args(steps[1][0][1:]).init_from == steps[0][1]
+    for (cmd, _), run_id, run in zip(steps[2:], ("warmup-q9-s1", "q7-released-s1"), ("warmup", "rl")):
+        with open(os.path.join(plan.KEEP, run_id, "eval-id.json")) as f:
+            have = json.load(f)
+        args = evaluate.parse_args(cmd[1:])
+        assert args.adapter == f"runs/watch-s1/{run}/final"
+        assert (args.split, args.limit, args.n_samples, args.seed, args.max_completion_length) == \
+               (have["split"], have["n_problems"], have["n_samples"], have["seed"], have["max_completion_length"])
