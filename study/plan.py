@@ -23,10 +23,10 @@ KEEP = os.path.join(STUDY, "runs")                     # each run's small files,
 # the demo profile's values the study ran with, given as flags: the demo's profile may change, the study's runs not
 PINNED = ["--lr", "2e-4", "--warmup_ratio", "0.05", "--ent_ini_prompts", "16", "--entropy_term", "released",
           "--ent_gamma", "0.1", "--lr_scheduler", "cosine", "--micro_batch_size", "4", "--sft_micro_batch_size", "2"]
+EQ7_RECORDED = ["--entropy_term", "eq7"]     # the profile's when Q6-Q9's GRPO runs and warm-ups were made; neither reads it
 SFT_PINNED = ["--lr", "2e-4", "--warmup_ratio", "0.05", "--lr_scheduler", "cosine", "--micro_batch_size", "4",
               "--generation_size", "8", "--sft_warmup_steps", "4", "--ent_gamma", "0.1",
-              "--ent_ini_prompts", "16"]   # recorded; SFT reads few
-EQ7_RECORDED = ["--entropy_term", "eq7"]     # the default when Q6's and Q7's GRPO runs were made; GRPO reads no term
+              "--ent_ini_prompts", "16", *EQ7_RECORDED]   # recorded; SFT reads few
 COMMON = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--batch_size", "1", "--generation_size", "8",
           "--max_completion_length", "96", "--max_steps", "20", "--sft_warmup_steps", "0", "--save_steps", "5", *PINNED]
 SFT_START = ["--model", "smollm2-135m", "--dataset", "arithmetic", "--use_sft", "--batch_size", "8",

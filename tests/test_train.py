@@ -183,7 +183,8 @@ def test_released_code_selects_every_released_behaviour_and_given_flags_win():
     default, rel = parse_args(["--model", "llama-8b"]), parse_args(["--released_code"])
     assert (default.entropy_term, default.scale_rewards, default.conflict_norm, default.entropy_filter) == \
         ("released", True, False, "auto")      # the entropy term by docs/study.md part 7's rule; the rest Eq. 6-8
-    assert parse_args([]).entropy_term == "eq7"                          # the demo profile's own choice
+    demo = parse_args([])
+    assert (demo.entropy_term, demo.ent_gamma) == ("released", 0.1)     # the demo runs the default objective
     assert {k: getattr(rel, k) for k in RELEASED_CODE} == {
         "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "conflict_count": "longer",
         "sum_completions": True, "conflict_weight": 2.0, "entropy_filter": "all", "ent_threshold": 0.7,
@@ -194,8 +195,8 @@ def test_released_code_selects_every_released_behaviour_and_given_flags_win():
 
 def test_resume_keeps_the_entropy_term_the_run_was_made_with(tmp_path):
     """--resume without --entropy_term continues with the run's own term (config.json), whatever the default;
-    a config.json older than the flag ran the released form (the paper's model: the demo profile chooses eq7). Asking for the other term is refused like any
-    other change of objective."""
+    a config.json older than the flag ran the released form. Asking for the other term is refused like any other
+    change of objective."""
     from config import UNRECORDED, identity_keys, parse_args
     from runs import ConfigError, prepare_output_dir, write_json
     old = dataclasses.asdict(parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path)]))
