@@ -28,11 +28,13 @@ BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)} 
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
 # one worked example in the prompt (one_shot) and warms up with SFT. Its RL phase is 20 steps with Adam's usual
 # betas and a cosine that quiets the late steps, where a constant rate drifts (docs/training.md). The objective is
-# the default one: no test declared before its runs found another form better for the demo.
+# the default one: no test declared before its runs found another form better for the demo. Every step's group is
+# logged: most have no reward spread, and `eval.py --render` draws one that has.
 PROFILES = {"smollm2-135m": dict(lr=3e-4, lr_scheduler="cosine", generation_size=8, max_prompt_length=512,
                                  max_completion_length=96, warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4,
                                  one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
-                                 micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95)}
+                                 micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95,
+                                 sample_every=1)}
 
 
 # --released_code: the authors' code where it differs from the equations (README "equations vs released code")
