@@ -109,3 +109,42 @@ def test_readme_q9_sentence_is_the_studys():
     for label, words in (("GTPO, released term", "with the released term"), ("GRPO β=0", "with GRPO"),
                          ("GTPO, Eq. 7", "with Eq. 7")):
         assert f"{outcome.split(label + ' ')[1].split(';')[0]} {words}" in text
+
+
+PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(HERE, "docs")) if f.endswith(".md"))
+OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help",
+               "max_step"}          # pip's, torchrun's and accelerate's; --max_step: training.md's refused abbreviation
+
+
+def test_every_flag_and_function_the_pages_name_exists():
+    """Each `--flag` on a page is one our scripts declare (or pip's, torchrun's, accelerate's), each `module.name`
+    in backticks is an attribute of that module of ours, and each test_* named is a test that exists."""
+    import dataclasses
+    import glob
+    import importlib
+    import re
+    import config
+    sources = [p for p in glob.glob(os.path.join(HERE, "**", "*.py"), recursive=True) if "/runs/" not in p]
+    declared = {f.name for f in dataclasses.fields(config.Config)} | OTHER_TOOLS
+    code = {p: open(p).read() for p in sources}
+    for text in code.values():
+        declared |= {m.replace("-", "_") for m in re.findall(r'"--([A-Za-z][\w-]*)', text)}
+    modules = {os.path.relpath(p, HERE)[:-3].replace("/", ".") for p in sources}
+    tests = {m for p, text in code.items() if "/tests/" in p or p.endswith("test_gtpo.py")
+             for m in re.findall(r"^def (test_\w+)", text, re.M)}
+    wrong = []
+    for name in PAGES:
+        with open(os.path.join(HERE, name)) as f:
+            text = f.read()
+        for flag in re.findall(r"(?<![\w-])--([A-Za-z][\w-]*)", text):
+            key = flag.replace("-", "_")
+            if key not in declared and key.removeprefix("no_") not in declared:
+                wrong.append(f"{name}: --{flag}")
+        for span in re.findall(r"`([^`\n]+)`", text.replace("```", "\n")):       # inline code, line by line
+            for mod, attr in re.findall(r"\b([a-z_]+(?:\.[a-z_]+)?)\.([A-Za-z_]\w*)", span):
+                if mod in modules and attr not in ("py", "json", "md", "png", "jsonl") and \
+                        not hasattr(importlib.import_module(mod), attr):
+                    wrong.append(f"{name}: {mod}.{attr}")
+        wrong += [f"{name}: {t}" for t in set(re.findall(r"(?<![.\w])test_[a-z0-9_]+\b", text)) - tests
+                  if t not in {m.rsplit(".", 1)[-1] for m in modules}]             # a test file's name
+    assert not wrong, wrong
