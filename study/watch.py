@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import runs
-from study.plan import EVAL_COMMON, EVALS, KEEP, arm
+from study.plan import EVAL_COMMON, EVALS, arm, load
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
 WARMUP, ARM = "warmup-q9", "q7-released"                              # the arm's warm-up, evaluated (part q9)
@@ -46,8 +46,9 @@ def run(argv, done):
 
 
 def committed(run_id):
-    path = os.path.join(KEEP, run_id, "eval-id.json")
-    return runs.read_json(path)["accuracy"] if os.path.isfile(path) else None
+    """The committed run's ID pass@1 (study/runs/<run>/eval-id.json), None where there is none."""
+    d = load(run_id)
+    return d["evals"]["id"]["accuracy"] if d and "id" in d["evals"] else None
 
 
 def main(argv=None):

@@ -16,12 +16,19 @@ def _flag(flags, name):
     return flags[len(flags) - flags[::-1].index(name)]
 
 
+def _recorded_keys():
+    """The settings a committed config.json must give back: the run's identity (the start aside) and the
+    micro-batches and ⟨H⟩_ini prompts the study pins."""
+    from config import identity_keys
+    return [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
+                                                               "ent_ini_prompts"]
+
+
 def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
     """The demo profile may change; the study's commands, parsed now, still give each committed run's recorded
     objective, recipe and micro-batches (config.json), so --resume and a re-run make the same experiment."""
-    from config import identity_keys, parse_args
-    keys = [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
-                                                               "ent_ini_prompts"]
+    from config import parse_args
+    keys = _recorded_keys()
     checked = 0
     for run_id, flags, seed, _, _ in plan.jobs():
         path = os.path.join(plan.KEEP, run_id, "config.json")
@@ -691,10 +698,9 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
     """study.watch's commands, parsed as train.py / eval.py parse them, give the committed runs' recorded settings
     (warmup-q9-s1, q7-released-s1: config.json, eval-id.json), the RL run starting from the warm-up it trained."""
     import eval as evaluate
-    from config import identity_keys, parse_args
+    from config import parse_args
     from study import watch
-    keys = [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
-                                                               "ent_ini_prompts"]
+    keys = _recorded_keys()
     steps = watch.commands(1, "runs/watch-s1")
     assert [cmd[0] for cmd, _ in steps] == ["train.py", "train.py", "eval.py", "eval.py"]
     for (cmd, _), run_id in zip(steps, ("warmup-q9-s1", "q7-released-s1")):
