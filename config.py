@@ -1,8 +1,9 @@
 """Every setting of a run in one place: the Config dataclass, its command line and its checks.
 
 Each default is written once, beside its meaning: the paper's values (Listing 1, App. 16.2) in
-the fields, the embedded demo model's own values in PROFILES. `python train.py --help` lists the
-flags by group, the paper's recipe and the objective first; a misspelt flag or field fails.
+the fields, the objective's in gtpo.Objective (Config.objective; its flags are made from it), the
+embedded demo model's own values in PROFILES. `python train.py --help` lists the flags by group,
+the paper's recipe and the objective first; a misspelt flag or field fails.
 """
 import argparse
 import dataclasses
@@ -18,6 +19,7 @@ import gtpo
 from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
 from models import ALIASES
 from rollout import PATHS
+from gtpo import AT_LEAST_0, FINITE_AT_LEAST_0
 from runs import ConfigError, read_json
 
 GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objective (Eq. 1, 5-8)",
@@ -36,16 +38,7 @@ PROFILES = {"smollm2-135m": dict(lr=3e-4, lr_scheduler="cosine", generation_size
                                  micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95,
                                  sample_every=1)}
 
-
-# --released_code: the authors' code where it differs from the equations (README "equations vs released code")
-# (App. 16, Listings 2-3: every constant of the objective, so that no model's profile changes one)
-RELEASED_CODE = {"scale_rewards": False, "conflict_norm": True, "conflict_combine": "product",
-                 "conflict_count": "longer", "sum_completions": True, "conflict_weight": 2.0,
-                 "entropy_filter": "all", "ent_threshold": 0.7, "ent_gamma": 0.1, "entropy_term": "released"}
-
-
-# what a run whose config.json lacks these settings ran (runs.prepare_output_dir on --resume)
-UNRECORDED = {"entropy_term": "released", "released_code": False, "loss_type": "grpo", "sft_warmup_lr": None}
+OBJECTIVE = [f.name for f in dataclasses.fields(gtpo.Objective)]      # its settings, flags of their own
 
 
 class Parser(argparse.ArgumentParser):
@@ -80,10 +73,7 @@ class Parser(argparse.ArgumentParser):
 
 # the ranges a flag's value must lie in: (test, words); a value outside is refused as the command line is parsed
 POSITIVE = (lambda v: math.isfinite(v) and v > 0, "> 0")
-AT_LEAST_0 = (lambda v: v >= 0, ">= 0")                          # nan is refused too
 AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
-FINITE = (math.isfinite, "a finite number")
-FINITE_AT_LEAST_0 = (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
 FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
 STEPS = (lambda v: v == -1 or v >= 1, ">= 1, or -1")
@@ -105,10 +95,13 @@ def checked(kind, check):
     return parse
 
 
-def flag(default, help, group="recipe", check=None, **kw):
+def flag(default, help, group="recipe", check=None, unrecorded=dataclasses.MISSING, **kw):
     """A Config field with its command-line help and, with check, the range its value must lie in; group None
-    keeps it off the command line."""
-    return dataclasses.field(default=default, metadata={"help": help, "group": group, "check": check, **kw})
+    keeps it off the command line. unrecorded: what a run whose config.json predates the flag ran."""
+    meta = {"help": help, "group": group, "check": check, **kw}
+    if unrecorded is not dataclasses.MISSING:
+        meta["unrecorded"] = unrecorded
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclass
@@ -156,44 +149,14 @@ class Config:
                                  "is saved as checkpoint-N, RL's start", check=AT_LEAST_0)
     sft_warmup_lr: float = flag(None, "the SFT warm-up's learning rate, constant; it runs with SFT's Adam betas, and "
                                 "RL then starts a fresh optimizer and its own schedule [default: --lr]", type=float,
-                                check=POSITIVE)
-    # ---- the objective
-    beta: float = flag(0.0, "GRPO KL weight (paper: 0, 1e-6, 0.04); reference = adapters off", group="objective",
-                       check=FINITE_AT_LEAST_0)
-    clip_eps: float = flag(0.2, "GRPO PPO clip range", group="objective", check=FINITE_AT_LEAST_0)
-    conflict_weight: float = flag(2.0, "lambda on conflict tokens of positive completions (Eq. 5)", group="objective",
-                                  check=FINITE_AT_LEAST_0)
-    conflict_combine: str = flag("or", "or = Eq. 5 (2 in overlapping spans); product = released code (4)",
-                                 group="objective", choices=["or", "product"])
-    conflict_norm: bool = flag(False, "divide each completion's loss by its conflict count (released code)",
-                               group="objective")
-    conflict_count: str = flag("union", "the conflict count --conflict_norm divides by: union = |M^fw v M^bw| "
-                               "(App. 16's prose); longer = the longer of the two spans (released code, Listing 2 "
-                               "line 91)", group="objective", choices=list(gtpo.CONFLICT_COUNTS))
-    sum_completions: bool = flag(False, "GTPO's loss sums the completions' terms instead of averaging them "
-                                 "(released code: Listing 3 adds every completion's loss, no 1/G); "
-                                 "with --loss_type grpo", group="objective")
-    entropy_filter: str = flag("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
-                               "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)",
-                               group="objective", choices=["auto", *gtpo.FILTER_MODES])
-    ent_threshold: float = flag(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", group="objective",
-                                check=AT_LEAST_0)
-    ent_gamma: float = flag(0.1, "gamma of the entropy penalty (Eq. 7)", group="objective", check=FINITE)
-    # released, not Eq. 7 as written: the rule declared in docs/study.md part 7 chose it from Q8's runs
-    entropy_term: str = flag("released", "released = -gamma <H>_i folded into the advantage (A_i - gamma <H>_i), "
-                             "detached, and zeroed by delta_i with it (released code); eq7 = a term of its own for "
-                             "every completion, with its gradient, delta_i filtering the advantage only (Eq. 7 "
-                             "as written)", group="objective", choices=list(gtpo.ENTROPY_TERMS))
-    loss_type: str = flag("grpo", "how per-token terms become the loss (TRL's names): grpo = each completion's "
-                          "token mean, then the mean over completions (Eq. 7); dapo = the mean over all tokens of "
-                          "the step, all ranks included; dr_grpo = the sum over tokens / (N x "
-                          "max_completion_length)", group="objective", choices=["grpo", "dapo", "dr_grpo"])
+                                check=POSITIVE, unrecorded=None)
+    ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini (Sec. 6), which Eq. 6's auto filter "
+                                "reads", check=AT_LEAST_1)
+    # ---- the objective: every setting is a field of gtpo.Objective, declared there (its flag, help and checks too)
+    objective: gtpo.Objective = flag(gtpo.DEFAULT, "the objective's settings (gtpo.Objective)", group=None)
     released_code: bool = flag(False, "every released-code behaviour at once: " + ", ".join(
-        f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in RELEASED_CODE.items())
-        + " (flags given beside it win)", group="objective")
-    ent_ini_prompts: int = flag(100, "training prompts used to measure <H>_ini", group="objective", check=AT_LEAST_1)
-    scale_rewards: bool = flag(True, "divide advantages by the group std (Eq. 8); --no-scale_rewards = released code",
-                               group="objective")
+        f"--{k} {v}" if not isinstance(v, bool) else f"--{'' if v else 'no-'}{k}" for k, v in gtpo.RELEASED.items())
+        + " (flags given beside it win)", group="objective", unrecorded=False)
     # ---- the run
     data_dir: str = flag(None, "folder with <dataset>/<split>.jsonl [default: $GTPO_DATA_DIR, then the Hub]",
                          group="run", type=str)
@@ -259,42 +222,60 @@ class Config:
 
     @property
     def gate(self):
-        """The entropy gate as run (Eq. 6): "auto" filters iff <H>_ini < ln 2 for GTPO and is off for
-        GRPO (the plain baseline; all / neg add the gate to GRPO, App. 14)."""
-        if self.entropy_filter != "auto":
-            return self.entropy_filter
-        if self.method != "gtpo":
-            return "off"
-        if self.h_ini is None:
-            raise ValueError("entropy_filter 'auto' needs <H>_ini (Config.h_ini); measure it first "
-                             "(step.initial_entropy) or choose all, neg or off")
-        return "all" if self.h_ini < math.log(2) else "off"
+        """The entropy filter as run (Eq. 6; gtpo.Objective.gate): "auto" reads <H>_ini (Config.h_ini)."""
+        return self.objective.gate(self.method, self.h_ini)
+
+
+def record(cfg):
+    """The run's settings as one flat dict (config.json, --resume, wandb): Config's fields, the objective's
+    among them."""
+    flat = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "objective"}
+    return {**flat, **dataclasses.asdict(cfg.objective)}
+
+
+def unrecorded():
+    """What a run whose config.json lacks a setting ran, for each setting that declares it (the objective's
+    all do): runs.prepare_output_dir reads a missing identity setting as this, or refuses it."""
+    declared = {f.name: f.metadata["unrecorded"] for f in dataclasses.fields(Config) if "unrecorded" in f.metadata}
+    return {**declared, **gtpo.UNRECORDED}
+
+
+def settings():
+    """Every command-line setting as (name, default, its flag's metadata), in --help's order: Config's fields,
+    and gtpo.Objective's where Config.objective stands."""
+    for f in dataclasses.fields(Config):
+        if f.name == "objective":
+            for o in dataclasses.fields(gtpo.Objective):
+                meta = {"help": o.metadata["help"], "group": "objective", "check": o.metadata["check"]}
+                yield o.name, o.default, {**meta, **({"choices": list(o.metadata["choices"])}
+                                                     if o.metadata["choices"] else {})}
+        elif f.metadata.get("group"):
+            yield f.name, f.default, {k: v for k, v in f.metadata.items() if k != "unrecorded"}
 
 
 def identity_keys():
     """The settings that make a run's experiment: the method, every recipe and objective setting, and
     the starting weights. --resume refuses a run whose values differ (runs.prepare_output_dir) unless
     --allow_changes names them."""
-    return ["method", "init_from"] + [f.name for f in dataclasses.fields(Config)
-                                      if f.metadata.get("group") in ("recipe", "objective")]
+    return ["method", "init_from"] + [n for n, _, meta in settings() if meta["group"] in ("recipe", "objective")]
 
 
-def default_help(f):
+def default_help(name, default, help):
     """' [default ...]' for --help; the demo profile's value where it differs from the paper's (also where the
     help names its own default, which the profile then overrides)."""
-    demo = PROFILES["smollm2-135m"].get(f.name, f.default)
-    if "[default" in f.metadata["help"] and f.name in PROFILES["smollm2-135m"]:
+    demo = PROFILES["smollm2-135m"].get(name, default)
+    if "[default" in help and name in PROFILES["smollm2-135m"]:
         return f" [smollm2-135m (demo profile): {demo}]"
-    if f.default is None or "[default" in f.metadata["help"] or isinstance(f.default, bool) and demo == f.default:
+    if default is None or "[default" in help or isinstance(default, bool) and demo == default:
         return ""
-    if demo != f.default:
-        return f" [default {demo} with smollm2-135m (demo profile), else {f.default} (paper)]"
-    return f" [default {f.default}]"
+    if demo != default:
+        return f" [default {demo} with smollm2-135m (demo profile), else {default} (paper)]"
+    return f" [default {default}]"
 
 
 def build_parser(description=None):
-    """The command line, generated from Config's fields, grouped as GROUPS; every default is
-    argparse.SUPPRESS so that parse_args knows which flags were given."""
+    """The command line, generated from the settings' declarations (settings()), grouped as GROUPS; every
+    default is argparse.SUPPRESS so that parse_args knows which flags were given."""
     p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                argument_default=argparse.SUPPRESS)
     groups = {k: p.add_argument_group(title) for k, title in GROUPS.items()}
@@ -302,89 +283,83 @@ def build_parser(description=None):
     for method, what in (("gtpo", "train with GTPO (default)"), ("grpo", "train with the GRPO baseline (Eq. 1)"),
                          ("sft", "supervised fine-tuning on the worked solutions")):
         m.add_argument(f"--use_{method}", dest="method", action="store_const", const=method, help=what)
-    for f in dataclasses.fields(Config):
-        meta = dict(f.metadata)
-        group, help = meta.pop("group"), meta.pop("help")
-        if group is None:
-            continue
-        check = meta.pop("check")
-        if f.type is bool or meta.get("type") is bool:
+    for name, default, meta in settings():
+        meta = dict(meta)
+        group, help, check = meta.pop("group"), meta.pop("help"), meta.pop("check")
+        if isinstance(default, bool) or meta.get("type") is bool:
             meta.pop("type", None)
-            switch = f.default is False and f.name not in PROFILES["smollm2-135m"]
+            switch = default is False and name not in PROFILES["smollm2-135m"]
             meta["action"] = "store_true" if switch else argparse.BooleanOptionalAction
         elif "type" not in meta:
-            meta["type"] = type(f.default)
+            meta["type"] = type(default)
         if check:
             meta["type"] = checked(meta["type"], check)
-        groups[group].add_argument(f"--{f.name}", help=help + default_help(f), **meta)
+        groups[group].add_argument(f"--{name}", help=help + default_help(name, default, help), **meta)
     return p
+
+
+def objective(values):
+    """gtpo.Objective(**values), its refusal said as a ConfigError (one line, exit code 2)."""
+    try:
+        return gtpo.Objective(**values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def parse_args(argv=None, description=None):
     """Command line -> a checked Config: flags given > --released_code's settings > the model's profile >
-    the paper's defaults. A flag the method never reads is said once, on stderr (rank 0 under torchrun)."""
+    the paper's defaults; on --resume the objective's settings no flag chose are the run's own (resumed). A
+    flag the method never reads is said once, on stderr (rank 0 under torchrun)."""
     given = vars(build_parser(description).parse_args(argv))
     profile = PROFILES.get(given.get("model", Config.model), {})
-    released = RELEASED_CODE if given.get("released_code") else {}
+    released = gtpo.RELEASED if given.get("released_code") else {}
     layers = {**profile, **released, **given}
-    cfg = Config(**layers)
-    before = dataclasses.asdict(cfg)
+    cfg = Config(**{k: v for k, v in layers.items() if k not in OBJECTIVE},
+                 objective=objective({k: v for k, v in layers.items() if k in OBJECTIVE}))
+    before = record(cfg)
     cfg = finish(cfg)
     unused = [f"--{name}" for name in unused_flags(cfg) if name in given]
     if unused and os.environ.get("RANK", "0") == "0":
         print(f"note: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --use_{cfg.method}",
               file=sys.stderr)
-    kept = set()
-    if cfg.resume:
-        for name, flags in KEPT_ON_RESUME.items():
-            if not flags & given.keys():
-                setattr(cfg, name, recorded(cfg.output_dir, name, getattr(cfg, name)))
-                kept.add(name)
-    cfg.sources = {f.name: "resume (the run's config.json)" if f.name in kept else "flag" if f.name in given
-                   else "--released_code" if f.name in released else f"profile ({cfg.model})" if f.name in profile
-                   else "setup (device, model, method)" if getattr(cfg, f.name) != before[f.name] else "default"
-                   for f in dataclasses.fields(Config) if f.metadata.get("group") or f.name == "method"}
+    kept = resumed(cfg, given.keys() | released.keys()) if cfg.resume else set()
+    now = record(cfg)
+    cfg.sources = {n: "resume (the run's config.json)" if n in kept else "flag" if n in given
+                   else "--released_code" if n in released else f"profile ({cfg.model})" if n in profile
+                   else "setup (device, model, method)" if now[n] != before[n] else "default"
+                   for n in ["method", *(name for name, _, _ in settings())]}
     return cfg
+
+
+def resumed(cfg, chosen):
+    """--resume: the objective's settings (and --released_code) that no flag chose are the run's own, as its
+    config.json records them (a setting it predates: gtpo.UNRECORDED's), whatever the defaults are now; cfg is
+    updated. -> their names. With no readable config.json, none: runs.prepare_output_dir says what is wrong."""
+    try:
+        old = {**unrecorded(), **read_json(os.path.join(cfg.output_dir, "config.json"))}
+    except (OSError, ValueError):
+        return set()
+    names = {n for n in [*OBJECTIVE, "released_code"] if n not in chosen}
+    cfg.objective = objective({**dataclasses.asdict(cfg.objective), **{n: old[n] for n in names & set(OBJECTIVE)}})
+    cfg.released_code = old["released_code"] if "released_code" in names else cfg.released_code
+    return names
 
 
 def config_table(cfg):
     """--print_config: every setting, its value and where it came from (Config.sources), grouped as --help."""
-    lines = []
+    flat, lines = record(cfg), []
     for key, title in GROUPS.items():
-        names = [f.name for f in dataclasses.fields(Config) if f.metadata.get("group") == key or
-                 key == "recipe" and f.name == "method"]
+        names = ["method"] * (key == "recipe") + [n for n, _, meta in settings() if meta["group"] == key]
         width = max(map(len, names))
-        lines += [f"# {title}"] + [f"{n:<{width}}  {getattr(cfg, n)!r:<24}  {cfg.sources.get(n, '')}" for n in names]
+        lines += [f"# {title}"] + [f"{n:<{width}}  {flat[n]!r:<24}  {cfg.sources.get(n, '')}" for n in names]
     return "\n".join(lines)
 
 
-GTPO_ONLY = ("conflict_weight", "conflict_combine", "conflict_norm", "conflict_count", "sum_completions")
-ENTROPY = ("ent_threshold", "ent_gamma", "entropy_term", "ent_ini_prompts")
-
-
 def unused_flags(cfg):
-    """The objective's settings this run's method never reads: GRPO reads no conflict setting and, without a
-    filter of its own (App. 14), no entropy setting; GTPO reads no KL weight or clip; SFT none of them."""
-    objective = [f.name for f in dataclasses.fields(Config) if f.metadata.get("group") == "objective"]
-    if cfg.method == "sft":
-        return objective
-    if cfg.method == "gtpo":
-        return ["beta", "clip_eps"]
-    return list(GTPO_ONLY) + (list(ENTROPY) if cfg.entropy_filter in ("auto", "off") else [])
-
-
-# what --resume takes from the run's config.json unless one of these flags is given
-KEPT_ON_RESUME = {"entropy_term": {"entropy_term", "released_code"}, "loss_type": {"loss_type"}}
-
-
-def recorded(out, name, default):
-    """Setting `name` of the run in `out` (UNRECORDED's for a config.json older than the flag): --resume
-    without the flag continues a run as it was made, whatever the default is now. With no readable
-    config.json, `default`; runs.prepare_output_dir then says what is wrong."""
-    try:
-        return {**UNRECORDED, **read_json(os.path.join(out, "config.json"))}[name]
-    except (OSError, ValueError, KeyError):
-        return default
+    """The settings this run's method never reads: the objective's (gtpo.Objective.unread), and <H>_ini's
+    prompts but for GTPO's auto filter (Eq. 6); SFT reads none of them."""
+    unused = cfg.objective.unread(cfg.method) + ["released_code"] * (cfg.method == "sft")
+    return unused + ["ent_ini_prompts"] * (cfg.method != "gtpo" or cfg.objective.entropy_filter != "auto")
 
 
 def finish(cfg):
@@ -421,9 +396,6 @@ def finish(cfg):
                           f"gsm8k (a built-in dataset's), or --no-one_shot")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues the run in --output_dir and --overwrite replaces it: give one of them")
-    if cfg.sum_completions and cfg.loss_type != "grpo":
-        raise ConfigError(f"--sum_completions sums Eq. 7's per-completion terms (--loss_type grpo); --loss_type "
-                          f"{cfg.loss_type} has no per-completion mean to replace: drop one of the two")
     unknown = {k for k in cfg.allow_changes.split(",") if k} - set(identity_keys())
     if unknown:
         raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "

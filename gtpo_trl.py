@@ -5,40 +5,42 @@
                           args=GTPOConfig(output_dir="out", num_generations=8), train_dataset=ds)
     trainer.train()                       # launch with accelerate / DeepSpeed as for GRPOTrainer
 
-What changes against GRPOTrainer, all computed with gtpo.py's functions:
-  * after TRL scores a generation batch, every process's completions are gathered so that each
-    group is whole (a group may straddle processes), and each completion gets per-token
-    advantages  A_{i,t} = lambda_{i,t} * delta_i * A_i  (Eq. 5-6; divided by its conflict count with
-    conflict_norm), delta_i from <H>_i of a no-grad pass of the current policy (each prompt computed
-    once for its completions);
-  * TRL's loss with loss_type="grpo" then gives Eq. 7's normalisation (mean over each completion's
-    tokens, then over completions), and with ratio 1 (one iteration) GTPO's gradient, Eq. 22;
-    "dapo" and "dr_grpo" aggregate as train.py's --loss_type does (gtpo.aggregate);
+GTPOConfig is GRPOConfig plus the objective's settings GTPO reads, made from gtpo.Objective's declarations:
+train.py's names, defaults, help and refusals. What changes against GRPOTrainer, all computed with gtpo.py's
+functions, as train.py's loop computes it:
+  * after TRL scores a generation batch (every process's rewards), each completion gets Eq. 8's advantage from
+    its whole group (a group may straddle processes), then per-token advantages
+    A_{i,t} = lambda_{i,t} * delta_i * A_i (Eq. 5-6; divided by its conflict count with conflict_norm), delta_i
+    from <H>_i of a no-grad pass of the current policy through TRL's own forward;
+  * the loss is gtpo.gtpo_loss on TRL's log-probs: Eq. 7's normalisation with loss_type="grpo", and with
+    ratio 1 (one iteration) GTPO's gradient, Eq. 22; "dapo" and "dr_grpo" aggregate as train.py's
+    --loss_type does, under TRL's normalisers (gradient accumulation included);
   * Eq. 7's -gamma <H>_i is folded into the advantage, A_{i,t} = lambda_{i,t} * delta_i * (A_i - gamma <H>_i),
     as the released code does (entropy_term="released", the default); entropy_term="eq7" instead adds
-    +gamma <H>_i (as a loss) for every completion of the micro-batch, with its gradient through TRL's
-    own entropies, as Eq. 7 is written, aggregated by gtpo.aggregate under TRL's normalisers.
-Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and gtpo/h_ini with "auto").
+    +gamma <H>_i for every completion, with its gradient through TRL's own entropies, as Eq. 7 is written.
+Every process makes the same model calls whatever its completions, so DeepSpeed ZeRO and FSDP see matching
+collectives. Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight (and
+gtpo/h_ini with "auto").
 
     python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
     python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
     python -m gtpo_trl            # the same after `pip install ".[trl]"`, from any folder
 """
+import dataclasses
 import json
 import logging
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
 import gtpo
 from data import format_prompt, load_task, one_shot_example
-from gtpo_logprobs import sequence_logprobs
 from models import embedded_model_dir
 
-__all__ = ["GTPOConfig", "GTPOTrainer", "token_advantages", "embedded_model_dir", "example_dataset", "example_trainer"]
+__all__ = ["GTPOConfig", "GTPOTrainer", "per_token_advantages", "embedded_model_dir", "example_dataset",
+           "example_trainer"]
 
 # TRL imports bitsandbytes, whose CPU backend announces an optional kernel package it works without
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
@@ -47,30 +49,17 @@ warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is
 
 try:
     from trl import GRPOConfig, GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
 except ImportError as e:                                           # TRL is optional for the rest of the project
     raise ImportError("gtpo_trl needs TRL: pip install 'gtpo[trl]' (in a clone: pip install -r requirements-trl.txt)") from e
 
+# the objective's settings GTPO reads: GTPOConfig's own fields (scale_rewards and loss_type replace TRL's)
+SETTINGS = [f for f in dataclasses.fields(gtpo.Objective) if gtpo.GTPO in f.metadata["reads"]]
+SCALE = {"group": True, "none": False}              # TRL's scale_rewards (it turns True / False into these)
 
-@dataclass
-class GTPOConfig(GRPOConfig):
-    """GRPOConfig plus GTPO's settings, under train.py's names; TRL options that would change the
-    method are refused."""
-    loss_type: str = field(default="grpo", metadata={"help": "grpo = Eq. 7's normalisation (each completion's "
-                           "token mean, then their mean); dapo = over all tokens; dr_grpo = a constant length"})
-    conflict_weight: float = field(default=2.0, metadata={"help": "lambda on positive conflict tokens (Eq. 5)"})
-    conflict_combine: str = field(default="or", metadata={"help": "or = Eq. 5; product = released code"})
-    conflict_norm: bool = field(default=False, metadata={"help": "divide by the conflict count (released code)"})
-    conflict_count: str = field(default="union", metadata={"help": "union = |M^fw v M^bw|; longer = the longer "
-                                "span (released code, Listing 2 line 91)"})
-    sum_completions: bool = field(default=False, metadata={"help": "sum the completions' terms instead of their "
-                                  "mean (released code, Listing 3); with loss_type grpo"})
-    entropy_filter: str = field(default="auto", metadata={"help": "auto (Eq. 6: filter iff <H>_ini < ln 2, "
-                                                          "<H>_ini from the first batch), all, neg, off"})
-    ent_threshold: float = field(default=math.log(2), metadata={"help": "threshold on <H>_i (Eq. 6)"})
-    ent_gamma: float = field(default=0.1, metadata={"help": "gamma of -gamma <H>_i (Eq. 7)"})
-    entropy_term: str = field(default="released", metadata={"help": "released = -gamma <H>_i folded into the "
-                              "advantage, detached (train.py's default); eq7 = a term of its own, with its gradient "
-                              "(Eq. 7 as written)"})
+
+class _Checks:
+    """GTPOConfig's refusals and its gtpo.Objective; TRL options that would change the method are refused."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -82,11 +71,8 @@ class GTPOConfig(GRPOConfig):
             "off_policy_mask_threshold": (self.off_policy_mask_threshold, None, "masks tokens GTPO weighs"),
             "multi_objective_aggregation": (self.multi_objective_aggregation, "sum_then_normalize",
                                             "Eq. 8 normalises the summed reward per group"),
+            "use_liger_kernel": (self.use_liger_kernel, False, "Liger's fused loss is GRPO's, not GTPO's"),
         }
-        if self.loss_type not in gtpo.LOSS_TYPES:
-            raise ValueError(f"GTPOConfig: loss_type={self.loss_type!r} is not supported (GTPO's per-token advantages "
-                             f"are aggregated as {', '.join(gtpo.LOSS_TYPES)}, as train.py's --loss_type); use 'grpo' "
-                             f"for Eq. 7's normalisation")
         for name, (value, want, why) in wrong.items():
             if value != want:
                 raise ValueError(f"GTPOConfig: {name}={value!r} is not supported ({why}); use {want!r}")
@@ -103,82 +89,85 @@ class GTPOConfig(GRPOConfig):
         for name, (bad, why) in off_policy.items():
             if bad:
                 raise ValueError(f"GTPOConfig: {name}={getattr(self, name)!r} is not supported ({why})")
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is 'group' "
-                             f"('none' = the released code)")
-        if (self.conflict_combine not in ("or", "product") or self.entropy_filter not in ("auto", *gtpo.FILTER_MODES)
-                or self.entropy_term not in gtpo.ENTROPY_TERMS or self.conflict_count not in gtpo.CONFLICT_COUNTS):
-            raise ValueError(f"GTPOConfig: conflict_combine is 'or' or 'product'; entropy_filter is "
-                             f"{', '.join(('auto', *gtpo.FILTER_MODES))}; entropy_term is "
-                             f"{' or '.join(gtpo.ENTROPY_TERMS)}; conflict_count is {' or '.join(gtpo.CONFLICT_COUNTS)}")
-        if self.sum_completions and self.loss_type != "grpo":
-            raise ValueError(f"GTPOConfig: sum_completions sums Eq. 7's per-completion terms (loss_type 'grpo'); "
-                             f"loss_type={self.loss_type!r} has no per-completion mean to replace")
+        if self.scale_rewards not in SCALE:
+            raise ValueError(f"GTPOConfig: scale_rewards={self.scale_rewards!r}; Eq. 8 is True ('group'), False "
+                             f"('none') the released code")
+        try:
+            self.objective()
+        except ValueError as e:
+            raise ValueError(f"GTPOConfig: {e}") from None
+
+    def objective(self):
+        """The gtpo.Objective these settings give (GRPO's own, beta and clip, at their defaults: GTPO reads neither)."""
+        values = {f.name: getattr(self, f.name) for f in SETTINGS}
+        return gtpo.Objective(**{**values, "scale_rewards": SCALE[self.scale_rewards]})
 
 
-def token_advantages(ids, mask, advantages, h, group_size, args, gate):
-    """Per-token advantages of Eq. 5-6 (and, with entropy_term "released", Eq. 7's -gamma <H>_i) for
-    whole groups, from gtpo.py's functions.
+GTPOConfig = dataclasses.make_dataclass("GTPOConfig", [
+    (f.name, f.type, dataclasses.field(default=f.default, metadata={"help": f"{f.metadata['help']} "
+                                                                            f"({f.metadata['where']})"}))
+    for f in SETTINGS], bases=(_Checks, GRPOConfig))
+GTPOConfig.__module__ = __name__                   # TRL pickles its arguments beside each checkpoint
+GTPOConfig.__doc__ = ("GRPOConfig plus the objective's settings GTPO reads (gtpo.Objective), under train.py's names, "
+                      "defaults and checks; TRL options that would change the method are refused.")
 
-    ids, mask (N, T) right-padded completions, groups of `group_size` consecutive rows; advantages
-    (N,) from TRL (Eq. 8); h (N,) = <H>_i; gate: "all", "neg" or "off".
-    A group whose advantages are all equal (all rewards equal: TRL leaves ~1e-12 residues) gets 0.
+
+def per_token_advantages(ids, mask, rewards, h, group_size, o, gate):
+    """Eq. 8, Eq. 5 and Eq. 6-7 for whole groups, from gtpo.py's functions, as train.py's loop computes them:
+    rewards -> per-token advantages A_{i,t} = lambda_{i,t} * shaped A_i (/ the conflict count with conflict_norm).
+
+    ids, mask (N, T) right-padded completions, groups of `group_size` consecutive rows; rewards (N,); h (N,) =
+    <H>_i; o: the gtpo.Objective; gate: "all", "neg" or "off".
     Returns (A (N, T) float32, metrics dict of floats).
     """
-    a = advantages.float().view(-1, group_size)                                     # (B, G)
-    flat = (a == a[:, :1]).all(dim=1, keepdim=True)
-    a = torch.where(flat, torch.zeros_like(a), a).reshape(-1)                       # (N,)
-    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, a, group_size,
-                                                            conflict_weight=args.conflict_weight,
-                                                            combine=args.conflict_combine,
-                                                            count=args.conflict_count)        # (N, T)
-    shaped, _ = gtpo.shaped_advantages(a, h, args.entropy_term, gate, args.ent_threshold, args.ent_gamma)  # (N,)
-    per_token = weights * shaped.unsqueeze(1)                                       # (N, T)
-    if args.conflict_norm:
-        per_token = per_token / n_conf.clamp(min=1).unsqueeze(1).to(per_token.dtype)
+    adv = gtpo.group_advantages(rewards, group_size, o)                             # (N,) Eq. 8
+    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, adv, group_size, o)   # (N, T) Eq. 5
+    shaped = gtpo.shaped_advantages(adv, h, o, gate)                                # (N,) Eq. 6-7
     valid = mask.bool()
-    frac, h_dropped = gtpo.filtered_stats(a, shaped, h) if gate != "off" else (0.0, 0.0)
+    frac, h_dropped = gtpo.filtered_stats(adv, shaped, h) if gate != "off" else (0.0, 0.0)
     metrics = {"gtpo/conflict_frac": (conflict & valid).sum().item() / max(valid.sum().item(), 1),
                "gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped,
                "gtpo/mean_weight": gtpo.masked_mean(weights, valid).item()}
-    return per_token, metrics
+    return gtpo.token_advantages(weights, n_conf, shaped, o), metrics
 
 
 STATE_FILE = "gtpo_state.json"
 
 
 class GTPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages are GTPO's per-token ones (token_advantages), plus Eq. 7's entropy
-    term in the loss (entropy_term "eq7"); nothing else changes."""
+    """GRPOTrainer whose advantages are GTPO's per-token ones (per_token_advantages) and whose loss is
+    gtpo.gtpo_loss; nothing else changes."""
 
     _h_ini = None
-    _entropies = None
+    _rewards = None
 
-    def _get_per_token_logps_and_entropies(self, *args, **kw):
-        """TRL's pass; its entropies are kept for Eq. 7's term: _compute_loss's own call (with grad when
-        training) is the last one before the loss reads them."""
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kw)
-        self._entropies = entropies
-        return logps, entropies, aux
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        if not isinstance(self.args, GTPOConfig):
+            raise TypeError(f"GTPOTrainer needs args=GTPOConfig(...), got {type(self.args).__name__}")
+        self.objective = self.args.objective()
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards of every process's completions (rows in process order), kept for Eq. 8."""
+        self._rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss + gamma <H>_i of each completion of the micro-batch (Eq. 7, entropy_term "eq7"),
-        aggregated by gtpo.aggregate as TRL aggregates its loss_type, gradient accumulation included;
-        with sum_completions, times the step's completions on this process (the sum, not the mean)."""
-        loss = super()._compute_loss(model, inputs)
-        if self.args.sum_completions:
-            loss = loss * self._totals(inputs).completions
-        if self.args.entropy_term != "eq7" or not self.args.ent_gamma:
-            return loss
+        """gtpo.gtpo_loss of the micro-batch on TRL's log-probs and entropies (its own forward): the per-token
+        advantages of _generate_and_score_completions, Eq. 7's +gamma <H>_i with its gradient where
+        entropy_term is "eq7", aggregated with TRL's normalisers (_totals)."""
         mask = inputs["completion_mask"]
-        h = gtpo.masked_mean(self._entropies, mask, dim=1)                            # (n,) <H>_i, with grad
-        self._entropies = None
-        totals = self._totals(inputs)
-        if self.args.sum_completions:
-            totals = totals._replace(completions=1.0)
-        term = gtpo.aggregate(torch.zeros(mask.shape, dtype=h.dtype, device=h.device), mask, self.args.loss_type,
-                              per_seq=self.args.ent_gamma * h, totals=totals)
-        return loss + term
+        logp, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], mask], 1), mask.shape[1], compute_entropy=True)   # (n, T)
+        h = gtpo.masked_mean(entropy, mask, dim=1)                                   # (n,) <H>_i, with grad
+        loss, _ = gtpo.gtpo_loss(logp, mask, inputs["advantages"], self.objective,
+                                 h if self.objective.entropy_grad("gtpo") else None, self._totals(inputs))
+        token_sums = torch.stack([(entropy.detach() * mask).sum(), mask.sum().to(entropy.dtype)])
+        total = self.accelerator.reduce(token_sums, reduction="sum")                 # TRL's "entropy", all ranks
+        self._metrics["train" if self.model.training else "eval"]["entropy"].append(
+            (total[0] / total[1].clamp(min=1)).item())
+        return loss
 
     def _totals(self, inputs):
         """TRL's normalisers for one micro-batch as gtpo.Totals: its completions times the accumulation
@@ -198,14 +187,19 @@ class GTPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
         ids, mask = out["completion_ids"], out["completion_mask"]                   # (n, T) this process
-        h = self._mean_entropy(out, mode)                                           # (n,) <H>_i, no grad
+        scored = self._rewards.isnan().all(dim=1)                                   # every function said None
+        if scored.any():
+            raise ValueError(f"GTPOTrainer: {int(scored.sum())} completion(s) got no reward from any reward function "
+                             f"(all returned None); Eq. 8 needs a reward for every completion of a group")
+        rewards = (self._rewards * self.reward_weights.to(self._rewards.device).unsqueeze(0)).nansum(dim=1)   # (N,)
+        h = self._mean_entropy(out)                                                 # (n,) <H>_i, no grad
         acc = self.accelerator                                                      # whole groups, all processes
         pad = self.processing_class.pad_token_id
         all_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=pad))
         all_mask = acc.gather(acc.pad_across_processes(mask, dim=1, pad_index=0))
-        all_adv, all_h = acc.gather(out["advantages"]), acc.gather(h)
+        all_h = acc.gather(h)
         gate = self._gate(all_h, mode)
-        per_token, metrics = token_advantages(all_ids, all_mask, all_adv, all_h, G, self.args, gate)
+        per_token, metrics = per_token_advantages(all_ids, all_mask, rewards, all_h, G, self.objective, gate)
         rows = slice(acc.process_index * len(ids), (acc.process_index + 1) * len(ids))
         out["advantages"] = per_token[rows, :ids.shape[1]].to(out["advantages"].dtype)   # (n, T)
         for k, v in metrics.items():
@@ -232,33 +226,29 @@ class GTPOTrainer(GRPOTrainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
 
     def _gate(self, all_h, mode):
-        """Eq. 6: "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first training batch
-        (saved with each checkpoint and restored on resume)."""
-        if self.args.entropy_filter != "auto":
-            return self.args.entropy_filter
+        """Eq. 6 (gtpo.Objective.gate): "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first
+        training batch (saved with each checkpoint and restored on resume)."""
+        if self.objective.entropy_filter != "auto":
+            return self.objective.entropy_filter
         if self._h_ini is None and mode == "train":
             self._h_ini = all_h.mean().item()
         if self._h_ini is not None:
             self._metrics[mode]["gtpo/h_ini"].append(self._h_ini)
-        return "all" if self._h_ini is not None and self._h_ini < math.log(2) else "off"
+        return "off" if self._h_ini is None else self.objective.gate("gtpo", self._h_ini)
 
     @torch.no_grad()
-    def _mean_entropy(self, out, mode):
-        """<H>_i (Sec. 4.2) of each completion under the current policy: mean token entropy, from one
-        pass in which each prompt runs once for its consecutive completions (gtpo_logprobs.PolicyPass)."""
-        p_ids, p_mask = out["prompt_ids"], out["prompt_mask"]                      # (n, P) left-padded
-        new_prompt = torch.ones(len(p_ids), dtype=torch.bool, device=p_ids.device)
-        new_prompt[1:] = ((p_ids[1:] != p_ids[:-1]) | (p_mask[1:] != p_mask[:-1])).any(dim=1)
-        prompt_index = new_prompt.long().cumsum(0) - 1                              # (n,) 0, ..., B-1
-        was_training = self.model.training
-        self.model.eval()                       # the sampling policy (no dropout); keeps the KV cache the
-        try:                                    # shared prompt needs when gradient checkpointing is on
-            _, ent = sequence_logprobs(self.model, p_ids[new_prompt], p_mask[new_prompt], out["completion_ids"],
-                                       out["completion_mask"], prompt_index=prompt_index,
-                                       temperature=self.temperature)                 # (n, T), as TRL's logps
-        finally:
-            self.model.train(was_training)
-        return gtpo.masked_mean(ent, out["completion_mask"], dim=1)                  # (n,)
+    def _mean_entropy(self, out):
+        """<H>_i (Sec. 4.2) of each completion under the current policy: the mean token entropy from TRL's own
+        no-grad pass (the model's forward, so sharded parameters are gathered as the engine gathers them), in
+        chunks of per_device_train_batch_size rows: as many calls on every process, whatever the lengths."""
+        mask = out["completion_mask"]
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+        attention = torch.cat([out["prompt_mask"], mask], 1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            _, entropy, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, mask.shape[1],
+                                                                    batch_size=self.args.per_device_train_batch_size,
+                                                                    compute_entropy=True)     # (n, T)
+        return gtpo.masked_mean(entropy, mask, dim=1)                                # (n,)
 
 
 def example_dataset(tok, task="arithmetic"):

@@ -375,16 +375,14 @@ def _measure(config, s):
     from models import autocast, checkpoint_activations
     from gtpo_logprobs import PolicyPass
     from rollout import Rollout, completion_mask, generate
-    from types import SimpleNamespace
+    from config import Config
     dtype = torch.bfloat16 if s.dtype_bytes == 2 else torch.float32
     model = meta_model(config, dtype=dtype, lora_rank=s.lora_rank, device="cpu")
     if s.gradient_checkpointing:
         checkpoint_activations(model)
     B, G, P, C = s.batch_size, s.generation_size, s.prompt_tokens, s.completion_tokens
-    cfg = SimpleNamespace(generation_size=G, micro_batch_size=s.micro_batch_size, share_prompt=s.share_prompt,
-                          logprob_chunk=s.logprob_chunk, method="grpo", beta=0.0, clip_eps=0.2, gate="off",
-                          temperature=1.0, entropy_term="eq7", ent_gamma=0.0, loss_type="grpo", sum_completions=False,
-                          max_completion_length=C)
+    cfg = Config(method="grpo", generation_size=G, micro_batch_size=s.micro_batch_size, share_prompt=s.share_prompt,
+                 logprob_chunk=s.logprob_chunk, temperature=1.0, max_completion_length=C)    # the default objective
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (B, P))

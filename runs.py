@@ -26,12 +26,15 @@ class SaveError(OSError):
 # -----------------------------------------------------------------------------
 # the run folder
 
+NOT_RECORDED = "(not recorded)"      # a setting the run's config.json predates, with no declared value
+
+
 def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), unrecorded=None):
     """Refuse to mix two runs in one folder; writes nothing (--overwrite's old run is set aside later, by
     set_aside, once the new run has loaded). On --resume, the settings in `identity` must equal the
     run's (config.json) but for those in `allowed`; `unrecorded` gives the value a setting had in a
-    run whose config.json predates it. Returns {key: (the run's value, this one)} of the allowed
-    changes, for config.json."""
+    run whose config.json predates it, and a setting neither recorded nor declared there is refused as
+    one that differs. Returns {key: (the run's value, this one)} of the allowed changes, for config.json."""
     cfg_path = os.path.join(out, "config.json")
     if resume and not os.path.exists(cfg_path):
         raise ConfigError(f"--resume: no run in {out} (no config.json); start without --resume")
@@ -41,11 +44,12 @@ def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), 
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{cfg_path} is unreadable ({e}); it was not written by this version's atomic "
                               f"writer. Restore it, or start afresh with --overwrite or another --output_dir") from None
-        diff = {k: (old[k], config[k]) for k in identity if k in old and old[k] != config[k]}
+        diff = {k: (old.get(k, NOT_RECORDED), config[k]) for k in identity if old.get(k, NOT_RECORDED) != config[k]}
         refused = {k: v for k, v in diff.items() if k not in allowed}
         if refused:
             raise ConfigError(f"--resume: {out} holds a run with other settings ("
-                              + ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in refused.items())
+                              + ", ".join(f"{k}: {'not recorded' if a is NOT_RECORDED else repr(a)} there vs "
+                                          f"{b!r} now" for k, (a, b) in refused.items())
                               + "), which would continue it as another experiment under the same name; use "
                               f"the same flags, another --output_dir, or --allow_changes {','.join(refused)}")
         return diff

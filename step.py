@@ -10,7 +10,6 @@ micro_batches  which completions each forward/backward takes: longest first with
            as wide as its longest completion
 step_totals  what gtpo.aggregate divides every micro-batch's terms by: the step's completions and tokens
            (over all ranks), so that the micro-batches' losses add up to the step's (--loss_type)
-policy_loss  a micro-batch's loss: GTPO's (Eq. 7) or GRPO's (Eq. 1), after Eq. 6-7's shaped advantages
 initial_entropy   <H>_ini of Sec. 6, which decides Eq. 6's filter
 
 Each step reads a config.Config and leaves gradients in the parameters; the caller clips, steps the
@@ -55,49 +54,14 @@ def _sync_if(policy, last):
     return contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
 
 
-# -----------------------------------------------------------------------------
-# the one place where GTPO and GRPO differ, given a micro-batch's log-probs
-
-def policy_loss(cfg, logp, mask, adv, h, weights=None, n_conflict=None, ref=None, totals=None):
-    """GTPO (Eq. 7 with Eq. 5's weights) or GRPO (Eq. 1), after Eq. 6-7 (gtpo.shaped_advantages: the
-    filter delta_i and the entropy term cfg.entropy_term names).
-
-    logp (n, L) with grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient when
-    entropy_grad(cfg); weights (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L)
-    reference log-probs (GRPO, beta > 0); totals: the step these completions are part of
-    (step_totals; None = these alone), aggregated as cfg.loss_type says (gtpo.aggregate).
-    GRPO takes the same entropy gate only when its filter is on (App. 14, Fig. 10c: GRPO +
-    filtering + gamma); by default it is the plain baseline.
-    Returns (loss, metrics, shaped advantage or None).
-    """
-    a = penalty = None
-    if cfg.method == "gtpo" or cfg.gate != "off":                                   # GRPO: only as App. 14
-        a, penalty = gtpo.shaped_advantages(adv, h, cfg.entropy_term, cfg.gate, cfg.ent_threshold, cfg.ent_gamma)
-    agg = dict(entropy=penalty, gamma=cfg.ent_gamma, loss_type=cfg.loss_type, totals=totals)
-    if cfg.method == "gtpo":
-        norm = n_conflict if cfg.conflict_norm else None
-        loss, m = gtpo.gtpo_loss(logp, mask, a, weights, norm, **agg)
-        return loss, m, a
-    loss, m = gtpo.grpo_loss(logp, None, ref, mask, adv if a is None else a, beta=cfg.beta, clip_eps=cfg.clip_eps,
-                             **agg)
-    return loss, m, a
-
-
 def step_totals(cfg, mask, ranks=None):
-    """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions (1 for GTPO
-    with --sum_completions: the released loss is their sum), the step's real completion tokens averaged
-    over ranks (ranks: runs.Dist under torchrun; only "dapo" reads it), and L_max =
+    """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions, the step's real
+    completion tokens averaged over ranks (ranks: runs.Dist under torchrun; only "dapo" reads it), and L_max =
     max_completion_length. mask (N, L) -> gtpo.Totals."""
     tokens = float(mask.sum())
-    if cfg.loss_type == "dapo" and ranks is not None:
+    if cfg.objective.loss_type == "dapo" and ranks is not None:
         tokens = ranks.mean({"tokens": tokens})["tokens"]
-    completions = 1 if cfg.sum_completions and cfg.method == "gtpo" else len(mask)
-    return gtpo.Totals(completions, tokens, cfg.max_completion_length)
-
-
-def entropy_grad(cfg):
-    """Whether <H>_i needs its gradient: Eq. 7's -gamma <H>_i term is in the loss."""
-    return cfg.entropy_term == "eq7" and cfg.ent_gamma != 0 and (cfg.method == "gtpo" or cfg.gate != "off")
+    return gtpo.Totals(len(mask), tokens, cfg.max_completion_length)
 
 
 def micro_batches(mask, G, size):
@@ -159,14 +123,14 @@ def reference_step(model, tok, prompts, answers, cfg):
     """One GTPO/GRPO step as the paper writes it, for reading: model.generate, the reward, Eq. 8's advantages,
     Eq. 5's lambda, one forward of the policy over prompt + completions, Eq. 6-7, the loss, backward. No
     micro-batches, shared prompt, DDP or metrics; rl_step computes the same gradient from the same samples
-    (tests/test_step.py) and is what train.py runs. GRPO's KL term (beta > 0) is left out. -> the loss."""
-    G = cfg.generation_size
+    (tests/test_step.py) and is what train.py runs. GRPO's KL term (beta > 0) reads pi_ref as the loop does
+    (reference_logprobs). -> the loss."""
+    G, o = cfg.generation_size, cfg.objective
     ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature, path="generate")
     mask, ids = ro.completion_mask, ro.completion_ids                                # (N, L)
     total, _, _ = rewards.reward(ro.texts, [a for a in answers for _ in range(G)], cfg.reward_task)
-    adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards)                  # (N,) Eq. 8
-    weights, _, n_conflict = gtpo.batch_conflict_weights(ids, mask, adv, G, conflict_weight=cfg.conflict_weight,
-                                                         combine=cfg.conflict_combine, count=cfg.conflict_count)
+    adv = gtpo.group_advantages(total, G, o)                                         # (N,) Eq. 8
+    weights, _, n_conflict = gtpo.batch_conflict_weights(ids, mask, adv, G, o)       # (N, L) Eq. 5
     inputs = torch.cat([ro.prompt_ids, ids], 1)                                      # (N, P + L)
     attention = torch.cat([ro.prompt_mask, mask], 1)
     P = ro.prompt_ids.shape[1]
@@ -174,17 +138,11 @@ def reference_step(model, tok, prompts, answers, cfg):
     logits = logits[:, P - 1:-1].float() / cfg.temperature                          # (N, L, V): predicts ids
     logp = gtpo.token_logprobs(logits, ids)                                          # (N, L) log pi
     h = gtpo.masked_mean(gtpo.token_entropy(logits), mask, dim=1)                   # (N,) <H>_i, Sec. 4.2
-    if cfg.method == "gtpo" or cfg.gate != "off":                                    # GRPO: only as App. 14
-        adv, penalty = gtpo.shaped_advantages(adv, h, cfg.entropy_term, cfg.gate, cfg.ent_threshold, cfg.ent_gamma)
-    else:
-        penalty = None
-    totals = step_totals(cfg, mask)
-    if cfg.method == "gtpo":                                                         # Eq. 7
-        loss, _ = gtpo.gtpo_loss(logp, mask, adv, weights, n_conflict if cfg.conflict_norm else None, penalty,
-                                 cfg.ent_gamma, cfg.loss_type, totals)
-    else:                                                                            # Eq. 1, beta = 0
-        loss, _ = gtpo.grpo_loss(logp, None, None, mask, adv, clip_eps=cfg.clip_eps, entropy=penalty,
-                                 gamma=cfg.ent_gamma, loss_type=cfg.loss_type, totals=totals)
+    ref = None
+    if cfg.method == "grpo" and o.beta > 0:                                          # Eq. 1's KL term
+        ref = reference_logprobs(model, None, (ro.prompt_ids, ro.prompt_mask, None), ids, mask, cfg)
+    loss, _, _ = gtpo.policy_loss(o, cfg.method, cfg.gate, logp, mask, adv, h, weights, n_conflict, ref,
+                                  step_totals(cfg, mask))                            # Eq. 6-7, then Eq. 7 or Eq. 1
     loss.backward()
     return loss
 
@@ -210,14 +168,13 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     # ---- 2. rewards -> group advantages (Eq. 8)
     refs, counts = [answer for answer in answers for _ in range(G)], {}
     total, formatting, correctness = rewards.reward(sampled.texts, refs, cfg.reward_task, counts)   # the one reward
-    adv = gtpo.group_advantages(total, G, scale=cfg.scale_rewards).to(device)       # (N,)
+    adv = gtpo.group_advantages(total, G, cfg.objective).to(device)                 # (N,)
     clock("reward")
     # ---- 3. conflict weights lambda_{i,t} (Eq. 5), per group
     weights = conflict = n_conflict = None
     if cfg.method == "gtpo":
-        weights, conflict, n_conflict = gtpo.batch_conflict_weights(
-            sampled.completion_ids, mask, adv, G, conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine,
-            count=cfg.conflict_count)
+        weights, conflict, n_conflict = gtpo.batch_conflict_weights(sampled.completion_ids, mask, adv, G,
+                                                                    cfg.objective)
     if conflict_log is not None:
         conflict_log.add(sampled.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys
@@ -242,7 +199,7 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
     for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward.
     Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the token means of the
     losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
-    G, mask, N = cfg.generation_size, sampled.completion_mask, len(sampled.texts)
+    G, mask, N, o, gate = cfg.generation_size, sampled.completion_mask, len(sampled.texts), cfg.objective, cfg.gate
     totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
     all_entropy, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0     # (N,) in rollout order
     prompts = None
@@ -258,7 +215,7 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
             prompts.last = last
         with _sync_if(policy, last):
             ref = None
-            if cfg.method == "grpo" and cfg.beta > 0:                                # KL term of Eq. 1
+            if cfg.method == "grpo" and o.beta > 0:                                  # KL term of Eq. 1
                 ref = reference_logprobs(model, ref_model, prompt, ids, mb_mask, cfg)
                 clock("reference")
             with autocast(model):
@@ -266,12 +223,13 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
                                                         logprob_chunk=cfg.logprob_chunk,
                                                         prompt_index=prompt[2] if prompts is None else rows // G,
                                                         temperature=cfg.temperature,     # of what was sampled
-                                                        entropy_grad=entropy_grad(cfg), prompts=prompts)
+                                                        entropy_grad=o.entropy_grad(cfg.method), prompts=prompts)
                 mean_entropy = gtpo.masked_mean(token_entropy, mb_mask, dim=1)                # (n,) <H>_i
-                loss, loss_metrics, shaped = policy_loss(cfg, logp, mb_mask, adv[rows], mean_entropy,
-                                                         None if weights is None else weights[rows, :width],
-                                                         None if n_conflict is None else n_conflict[rows], ref,
-                                                         totals)
+                loss, loss_metrics, shaped = gtpo.policy_loss(o, cfg.method, gate, logp, mb_mask, adv[rows],
+                                                              mean_entropy,
+                                                              None if weights is None else weights[rows, :width],
+                                                              None if n_conflict is None else n_conflict[rows], ref,
+                                                              totals)
             clock("forward")
             if prompts is not None and last:    # and the gradient the prompts gathered, in the same backward
                 prompts.backward(loss)

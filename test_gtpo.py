@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import gtpo
-from gtpo import (batch_conflict_weights, conflict_weights, entropy_filter, entropy_gate, group_advantages,
-                 grpo_loss, gtpo_loss, kl_k3, masked_mean, token_entropy, token_logprobs)
+from gtpo import (Objective, batch_conflict_weights, conflict_weights, entropy_filter, entropy_gate, group_advantages,
+                  grpo_loss, gtpo_loss, kl_k3, masked_mean, token_advantages, token_entropy, token_logprobs)
 
 
 def pad(rows, fill=0):
@@ -27,9 +27,9 @@ def pad(rows, fill=0):
 
 def test_group_advantages_hand_computed():
     r = torch.tensor([0.0, 10.0, 20.0, 20.0, 1.0, 1.0, 1.0, 5.0])
-    a = group_advantages(r, 4, scale=False)
+    a = group_advantages(r, 4, Objective(scale_rewards=False))
     assert torch.allclose(a, torch.tensor([-12.5, -2.5, 7.5, 7.5, -1.0, -1.0, -1.0, 3.0]))
-    a = group_advantages(r, 4, scale=True, eps=0.0)
+    a = group_advantages(r, 4, Objective(scale_rewards=True), eps=0.0)
     std0 = math.sqrt((12.5**2 + 2.5**2 + 7.5**2 * 2) / 3)            # unbiased
     std1 = math.sqrt((3 * 1.0 + 9.0) / 3)
     expect = [-12.5 / std0, -2.5 / std0, 7.5 / std0, 7.5 / std0, -1 / std1, -1 / std1, -1 / std1, 3 / std1]
@@ -42,7 +42,7 @@ def test_group_advantages_all_equal_is_exact_zero():
     # 0.1 * 3 / 3 != 0.1 in float32 arithmetic: the zero must not be a rounding residue
     r = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 3.0, 4.0, 6.0])
     for scale in (True, False):
-        a = group_advantages(r, 3, scale=scale)
+        a = group_advantages(r, 3, Objective(scale_rewards=scale))
         assert torch.isfinite(a).all()
         assert (a[:6] == 0).all()
         assert (a[6:] != 0).all()
@@ -147,7 +147,7 @@ def test_overlapping_spans_get_two_not_four_and_product_option():
     w, conflict, n = conflict_weights(ids, mask, adv)
     assert w[0].tolist() == [2, 2, 2, 0] and w[1].tolist() == [0, 0, 0, 0]
     assert n.tolist() == [3, 3, 4]
-    wp, cp, npr = conflict_weights(ids, mask, adv, combine="product")
+    wp, cp, npr = conflict_weights(ids, mask, adv, Objective(conflict_combine="product"))
     # released code (Listing 2): mask_fwd * mask_bw -> 2 * 2 = 4 where both spans cover
     assert wp[0].tolist() == [4, 4, 4, 0]
     assert torch.equal(cp, conflict) and torch.equal(npr, n)
@@ -210,7 +210,7 @@ def test_conflict_weights_match_brute_force(vocab):
         adv = [rng.choice([-1.5, -0.2, 0.0, 0.3, 1.0]) for _ in range(G)]
         pw = rng.choice([2.0, 3.0])
         ids, mask = pad(rows, fill=rng.randrange(vocab))
-        w, conflict, n = conflict_weights(ids, mask, torch.tensor(adv), conflict_weight=pw)
+        w, conflict, n = conflict_weights(ids, mask, torch.tensor(adv), Objective(conflict_weight=pw))
         bw, bconf = brute_weights(rows, adv, conflict_weight=pw)
         assert torch.equal(w, bw), (rows, adv)
         for i, m in enumerate(bconf):
@@ -305,7 +305,7 @@ def test_gtpo_loss_entropy_term_of_every_completion_with_its_gradient():
     logp, mask, adv, w, lengths = _fixture()
     H = torch.tensor([0.2, 0.9, 1.5, 0.3], requires_grad=True)
     a = entropy_filter(adv, H, 0.7, "all")                          # rows 1 and 2 filtered
-    loss, _ = gtpo_loss(logp, mask, a, w, entropy=H, gamma=0.1)
+    loss, _ = gtpo_loss(logp, mask, token_advantages(w, None, a), Objective(ent_gamma=0.1), entropy=H)
     N = len(adv)
     adv_term = -sum((w[i, :lengths[i]] * a[i]).sum() / lengths[i] for i in range(N)) / N
     assert loss.item() == pytest.approx((adv_term + 0.1 * H.sum() / N).item(), abs=1e-6)
@@ -319,11 +319,12 @@ def test_released_form_gives_no_gradient_when_all_are_filtered_eq7_does():
     gradient at all); Eq. 7 keeps gamma <H>_i for each."""
     logp, mask, adv, w, _ = _fixture()
     H = torch.tensor([1.2, 0.9, 1.5, 0.8], requires_grad=True)
-    released, _ = gtpo_loss(logp, mask, entropy_gate(adv, H, 0.0, 0.1, "all"), w)
+    released, _ = gtpo_loss(logp, mask, token_advantages(w, None, entropy_gate(adv, H, 0.0, 0.1, "all")))
     released.backward()
     assert released.item() == 0 and logp.grad.abs().sum() == 0 and H.grad is None
     logp.grad = None
-    eq7, _ = gtpo_loss(logp, mask, entropy_filter(adv, H, 0.0, "all"), w, entropy=H, gamma=0.1)
+    eq7, _ = gtpo_loss(logp, mask, token_advantages(w, None, entropy_filter(adv, H, 0.0, "all")),
+                       Objective(ent_gamma=0.1), entropy=H)
     eq7.backward()
     assert logp.grad.abs().sum() == 0 and (H.grad > 0).all()
     assert eq7.item() == pytest.approx(0.1 * H.mean().item())
@@ -334,7 +335,8 @@ def test_gamma_zero_and_no_filter_make_both_forms_the_same():
     H = torch.tensor([1.2, 0.9, 1.5, 0.8])
     a, b = entropy_gate(adv, H, 0.7, 0.0, "off"), entropy_filter(adv, H, 0.7, "off")
     assert torch.equal(a, b)
-    assert torch.equal(gtpo_loss(logp, mask, a, w)[0], gtpo_loss(logp, mask, b, w, entropy=H, gamma=0.0)[0])
+    assert torch.equal(gtpo_loss(logp, mask, token_advantages(w, None, a))[0],
+                       gtpo_loss(logp, mask, token_advantages(w, None, b), Objective(ent_gamma=0.0), entropy=H)[0])
 
 
 def test_entropy_gate_does_not_backprop_through_entropy():
@@ -359,7 +361,7 @@ def _fixture(N=4, L=6, seed=0):
 
 def test_gtpo_loss_value_and_gradient_eq22():
     logp, mask, adv, w, lengths = _fixture()
-    loss, metrics = gtpo_loss(logp, mask, adv, w)
+    loss, metrics = gtpo_loss(logp, mask, token_advantages(w, None, adv))
     N = len(adv)
     expect = -sum((w[i, :lengths[i]] * adv[i]).sum() / lengths[i] for i in range(N)) / N
     assert torch.allclose(loss, expect)
@@ -379,7 +381,7 @@ def test_gtpo_gradient_through_logits_matches_eq22_sum_of_g():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
     adv = torch.tensor([0.8, -1.1, 0.3])
     w = torch.tensor([[2, 1, 1, 2], [0, 1, 0, 0], [2, 1, 1, 0]], dtype=torch.float32)
-    loss, _ = gtpo_loss(token_logprobs(logits, ids), mask, adv, w)
+    loss, _ = gtpo_loss(token_logprobs(logits, ids), mask, token_advantages(w, None, adv))
     (grad,) = torch.autograd.grad(loss, logits)
     expect = torch.zeros_like(logits)
     for i in range(N):
@@ -393,7 +395,7 @@ def test_gtpo_gradient_through_logits_matches_eq22_sum_of_g():
 def test_gtpo_loss_conflict_count_normalisation():
     logp, mask, adv, w, lengths = _fixture()
     n_conf = torch.tensor([3, 0, 1, 2])
-    loss, _ = gtpo_loss(logp, mask, adv, w, n_conflict=n_conf)
+    loss, _ = gtpo_loss(logp, mask, token_advantages(w, n_conf, adv, Objective(conflict_norm=True)))
     per = [-(w[i, :lengths[i]] * adv[i]).sum() / lengths[i] / max(int(n_conf[i]), 1) for i in range(4)]
     assert torch.allclose(loss, torch.stack(per).mean())
 
@@ -401,9 +403,9 @@ def test_gtpo_loss_conflict_count_normalisation():
 def test_gtpo_with_unit_weights_equals_grpo_beta0():
     logp, mask, adv, _, _ = _fixture()
     ones = mask.float()
-    l1, _ = gtpo_loss(logp, mask, adv, ones)
+    l1, _ = gtpo_loss(logp, mask, token_advantages(ones, None, adv))
     (g1,) = torch.autograd.grad(l1, logp)
-    l2, _ = grpo_loss(logp, None, None, mask, adv, beta=0.0)
+    l2, _ = grpo_loss(logp, None, None, mask, adv, Objective(beta=0.0))
     (g2,) = torch.autograd.grad(l2, logp)
     assert torch.allclose(l1, l2) and torch.allclose(g1, g2)
 
@@ -412,7 +414,7 @@ def test_gtpo_degenerate_inputs_no_nan():
     logp = torch.zeros(3, 4, requires_grad=True)
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]])  # one empty completion
     adv = group_advantages(torch.tensor([5.0, 5.0, 5.0]), 3)         # all-equal rewards
-    loss, _ = gtpo_loss(logp, mask, adv, mask.float())
+    loss, _ = gtpo_loss(logp, mask, token_advantages(mask.float(), None, adv))
     loss.backward()
     assert loss.item() == 0.0 and torch.isfinite(logp.grad).all() and (logp.grad == 0).all()
 
@@ -427,14 +429,14 @@ def test_grpo_clip_active_and_inactive():
     mask = torch.ones(1, 3)
     # A > 0: ratio 1.5 clipped to 1.2 (active, no grad); 0.7 (the lower clip never binds
     # for A > 0) and 1.1 unclipped
-    loss, m = grpo_loss(logp, old, None, mask, torch.tensor([2.0]), clip_eps=eps)
+    loss, m = grpo_loss(logp, old, None, mask, torch.tensor([2.0]), Objective(clip_eps=eps))
     assert loss.item() == pytest.approx(-(1.2 * 2 + 0.7 * 2 + 1.1 * 2) / 3)
     (g,) = torch.autograd.grad(loss, logp)
     # d(-r A)/dlogp = -r A / 3 where unclipped, 0 where clipped
     assert torch.allclose(g, torch.tensor([[0.0, -0.7 * 2 / 3, -1.1 * 2 / 3]]))
     assert m["clip_ratio/region_mean"].item() == pytest.approx(1 / 3)
     # A < 0: min(r A, clip(r) A): 1.5 stays (-3 < -2.4), 0.7 clipped to 0.8 (no grad), 1.1 inside
-    loss, m = grpo_loss(logp, old, None, mask, torch.tensor([-2.0]), clip_eps=eps)
+    loss, m = grpo_loss(logp, old, None, mask, torch.tensor([-2.0]), Objective(clip_eps=eps))
     assert loss.item() == pytest.approx(-(-1.5 * 2 - 0.8 * 2 - 1.1 * 2) / 3)
     (g,) = torch.autograd.grad(loss, logp)
     assert torch.allclose(g, torch.tensor([[1.5 * 2 / 3, 0.0, 1.1 * 2 / 3]]))
@@ -446,7 +448,7 @@ def test_grpo_kl_k3_value_and_gradient():
     ref = torch.tensor([[-1.5, -1.0, -0.5, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
     beta = 0.04
-    loss, m = grpo_loss(logp, None, ref, mask, torch.tensor([0.0]), beta=beta)
+    loss, m = grpo_loss(logp, None, ref, mask, torch.tensor([0.0]), Objective(beta=beta))
     d = (ref - logp.detach())[0, :3]
     kl = torch.exp(d) - d - 1
     assert m["kl"].item() == pytest.approx(kl.mean().item())
@@ -457,7 +459,7 @@ def test_grpo_kl_k3_value_and_gradient():
     expect[0, :3] = beta * (1 - torch.exp(d)) / 3
     assert torch.allclose(g, expect, atol=1e-7)
     # beta = 0 keeps the KL for monitoring but not in the loss
-    loss0, m0 = grpo_loss(logp, None, ref, mask, torch.tensor([0.0]), beta=0.0)
+    loss0, m0 = grpo_loss(logp, None, ref, mask, torch.tensor([0.0]), Objective(beta=0.0))
     assert loss0.item() == 0.0 and m0["kl"].item() == pytest.approx(m["kl"].item())
 
 
@@ -575,9 +577,10 @@ def test_losses_aggregate_through_the_one_function():
     per_token = -adv.unsqueeze(1) * w / n_conf.clamp(min=1).unsqueeze(1)
     T = gtpo.Totals(4, float(mask.sum()), 8)
     for loss_type in gtpo.LOSS_TYPES:
-        loss, _ = gtpo_loss(logp, mask, adv, w, n_conflict=n_conf, entropy=h, gamma=0.1, loss_type=loss_type, totals=T)
+        o = Objective(conflict_norm=True, ent_gamma=0.1, loss_type=loss_type)
+        loss, _ = gtpo_loss(logp, mask, token_advantages(w, n_conf, adv, o), o, entropy=h, totals=T)
         want = gtpo.aggregate(per_token, mask, loss_type, 0.1 * h, T)
         assert loss.item() == pytest.approx(want.item(), rel=1e-6)
-        loss, _ = grpo_loss(logp, None, None, mask, adv, entropy=h, gamma=0.1, loss_type=loss_type, totals=T)
+        loss, _ = grpo_loss(logp, None, None, mask, adv, o, entropy=h, totals=T)
         want = gtpo.aggregate(-adv.unsqueeze(1).expand_as(logp), mask, loss_type, 0.1 * h, T)
         assert loss.item() == pytest.approx(want.item(), rel=1e-6)

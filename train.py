@@ -20,8 +20,8 @@ import torch
 
 import merged_rollout
 import step
-from config import (BETAS, UNRECORDED, ConfigError, check_device, config_table, identity_keys, parse_args,
-                    training_records)
+from config import (BETAS, ConfigError, check_device, config_table, identity_keys, parse_args, record,
+                    training_records, unrecorded)
 from conflicts import ConflictLog, format_token_ids, group_rows
 from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
 from gtpo_logprobs import PolicyPass
@@ -178,7 +178,7 @@ def start_rl_phase(cfg, optimizer):
 def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     """<H>_ini (Sec. 6) on the first --ent_ini_prompts training prompts, once per run (kept in the
     checkpoint); only GTPO with --entropy_filter auto reads it (Eq. 6, Config.gate). -> the config with h_ini."""
-    if cfg.method != "gtpo" or cfg.entropy_filter != "auto":
+    if cfg.method != "gtpo" or cfg.objective.entropy_filter != "auto":
         return cfg
     recs = records[:cfg.ent_ini_prompts]
     if state.get("h_ini") is None:
@@ -228,11 +228,11 @@ def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
 # 2. the loop
 
 def train(cfg, dist, stop):
-    log, parsed = print if dist.main else (lambda *a, **k: None), dataclasses.asdict(cfg)
+    log, parsed = print if dist.main else (lambda *a, **k: None), record(cfg)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = training_records(cfg, log)                # a bad data file fails before anything loads
-    changes = prepare_output_dir(cfg.output_dir, dataclasses.asdict(cfg), cfg.resume, cfg.overwrite, identity_keys(),
-                                 cfg.allow_changes.split(","), UNRECORDED) if dist.main else {}
+    changes = prepare_output_dir(cfg.output_dir, record(cfg), cfg.resume, cfg.overwrite, identity_keys(),
+                                 cfg.allow_changes.split(","), unrecorded()) if dist.main else {}
     dist.barrier()
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed)                         # same LoRA init on every rank (DDP also broadcasts it)
@@ -250,7 +250,7 @@ def train(cfg, dist, stop):
     cfg = measure_h_ini(cfg, state, model, tok, records, example, dist, log)
     aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
-    metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=dataclasses.asdict(cfg))
+    metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=record(cfg))
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
     bar = progress(state["step"], total, dist.main)
     nonfinite_run = 0
@@ -322,11 +322,12 @@ def write_config(cfg, total_steps, world, changes=None, step=0, parsed=None):
     path = os.path.join(cfg.output_dir, "config.json")
     os.makedirs(cfg.output_dir, exist_ok=True)          # the run folder appears once the run has started
     history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
-    sources = {k: "setup (the model, memory plan or <H>_ini)" if parsed and getattr(cfg, k) != parsed[k] else v
+    now = record(cfg)
+    sources = {k: "setup (the model, memory plan or <H>_ini)" if parsed and now[k] != parsed[k] else v
                for k, v in (cfg.sources or {}).items()}
     if changes:
         history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
-    write_json(path, {**dataclasses.asdict(cfg), "sources": sources, "entropy_filter_applied": cfg.gate,
+    write_json(path, {**now, "sources": sources, "entropy_filter_applied": cfg.gate,
                       "total_steps": total_steps,
                       "world_size": world, "cpu_threads": torch.get_num_threads(), "changes_on_resume": history})
 
@@ -335,7 +336,7 @@ def reference_model(cfg, model):
     """GRPO's pi_ref for the KL term (Eq. 1) is the run's starting model. Without LoRA: a frozen copy.
     With LoRA: None -- step.reference_logprobs then reads the same model with its adapters off, or,
     after --init_from, with the starting adapter, loaded beside the trained one as a frozen "reference"."""
-    if cfg.method != "grpo" or cfg.beta <= 0:
+    if cfg.method != "grpo" or cfg.objective.beta <= 0:
         return None
     if cfg.lora_rank == 0:
         import copy
@@ -400,7 +401,7 @@ def checkpoint(cfg, n, model, tok, optimizer, scheduler, state, dist, conflict_l
     rngs = dist.gather(rng_state(dist.device))
     if dist.main:
         save_checkpoint(os.path.join(cfg.output_dir, f"checkpoint-{n}"), model, tok, optimizer, scheduler,
-                        {"step": n, "h_ini": state.get("h_ini"), "config": dataclasses.asdict(cfg),
+                        {"step": n, "h_ini": state.get("h_ini"), "config": record(cfg),
                          "rng": rngs if dist.world > 1 else rngs[0], "world_size": dist.world,
                          "conflicts": conflict_log and conflict_log.state_dict()})
         if conflict_log is not None:

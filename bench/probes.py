@@ -149,7 +149,7 @@ def probe_loss(cfg, device):
             with torch.no_grad():
                 ent = torch.cat([gtpo.token_entropy(c) for c in logits.detach().flatten(0, 1).split(512)]).view(N, L)
         a = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, mask, 1), 0.7, 0.1)
-        loss, _ = gtpo.gtpo_loss(logp, mask, a, w)
+        loss, _ = gtpo.gtpo_loss(logp, mask, gtpo.token_advantages(w, None, a))
         loss.backward()
         hidden.grad = None
 
@@ -184,7 +184,7 @@ def probe_trl(cfg, device):
             return out
         return wrapper
     gtpo_trl.GTPOTrainer._mean_entropy = timed(gtpo_trl.GTPOTrainer._mean_entropy, "entropy_pass")
-    gtpo_trl.token_advantages = timed(gtpo_trl.token_advantages, "advantages")
+    gtpo_trl.per_token_advantages = timed(gtpo_trl.per_token_advantages, "advantages")
     ends = []
 
     class StepEnds(TrainerCallback):
@@ -248,7 +248,7 @@ def report_conflict(args, res):
                "memory_ratio_at_least": ref["peak_bytes"] / max(ours["peak_bytes"], 0.1 * MB)}
         if L <= 256:                        # small enough to compare the two outputs in this process
             ids, mask, adv = _conflict_inputs(G, L, V)
-            ours_w = gtpo.conflict_weights(ids, mask, adv, combine="product")[0]
+            ours_w = gtpo.conflict_weights(ids, mask, adv, gtpo.Objective(conflict_combine="product"))[0]
             row["same_weights_as_product_combine"] = torch.equal(ours_w, vocab_indexed_conflict(ids, mask, adv, V)[0])
         res["conflict"].append(row)
         print(f"   G={G:2d} L={L:4d} V={V:6d}        {row['ours_s'] * 1e3:8.1f} ms {row['ours_peak_mb']:6.1f} MB"

@@ -33,12 +33,11 @@ def measure(argv):
         params = [p for p in policy.parameters() if p.grad is not None]
         longer = [p.grad.clone() for p in params]                                   # the run's own gradient
         ids, mask, adv, G = ro.completion_ids, ro.completion_mask, scored["advantages"], cfg.generation_size
-        kw_w = dict(conflict_weight=cfg.conflict_weight, combine=cfg.conflict_combine)
-        weights, _, n_longer = gtpo.batch_conflict_weights(ids, mask, adv, G, count="longer", **kw_w)
-        _, _, n_union = gtpo.batch_conflict_weights(ids, mask, adv, G, count="union", **kw_w)
+        union_cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, conflict_count="union"))
+        weights, _, n_longer = gtpo.batch_conflict_weights(ids, mask, adv, G, cfg.objective)
+        _, _, n_union = gtpo.batch_conflict_weights(ids, mask, adv, G, union_cfg.objective)
         for p in params:
             p.grad = None
-        union_cfg = dataclasses.replace(cfg, conflict_count="union")
         step.policy_gradient(union_cfg, model, policy, ref_model, ro, adv, weights, n_union)
         union = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
         for p, g in zip(params, longer):

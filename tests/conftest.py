@@ -194,3 +194,40 @@ def train_here():
                 code = e.code
         return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     return run
+
+
+def off_values(field, value):
+    """Values of a gtpo.Objective setting other than `value`, from its declaration alone: the other choices, the
+    other bool, or half and one and a half times a number (0.37 for 0)."""
+    if field.type is bool:
+        return [not value]
+    if field.metadata["choices"]:
+        return [c for c in field.metadata["choices"] if c != value]
+    return [value * 0.5, value * 1.5] if value else [0.37]
+
+
+def flag_args(name, value):
+    """The train.py arguments that set setting `name` to `value` (a switch for a bool)."""
+    if isinstance(value, bool):
+        return [f"--{name}" if value else f"--no-{name}"]
+    return [f"--{name}", str(value)]
+
+
+def objective_cases(threshold):
+    """[(label, gtpo.Objective)]: the paper's settings and the released code's (gtpo.RELEASED), each with
+    ent_threshold `threshold`, then each with one setting moved off its value (off_values); combinations the
+    declaration refuses are left out. Every setting comes from gtpo.Objective: a new one is covered unasked."""
+    import dataclasses
+
+    import gtpo
+    bases = {"paper": gtpo.Objective(ent_threshold=threshold),
+             "released": gtpo.Objective(**{**gtpo.RELEASED, "ent_threshold": threshold})}
+    cases = list(bases.items())
+    for label, base in bases.items():
+        for f in dataclasses.fields(gtpo.Objective):
+            for v in off_values(f, getattr(base, f.name)):
+                try:
+                    cases.append((f"{label}: {f.name}={v!r}", dataclasses.replace(base, **{f.name: v})))
+                except ValueError:                  # e.g. sum_completions with another loss_type: refused
+                    pass
+    return cases

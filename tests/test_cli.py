@@ -20,7 +20,7 @@ from runs import ConfigError
 def test_flags_take_hyphens_or_underscores_in_train_and_eval():
     cfg = parse_args(["--max-steps", "7", "--no-one-shot", "--use-grpo", "--entropy-term=eq7", "--sft_warmup_steps",
                       "0"])
-    assert (cfg.max_steps, cfg.one_shot, cfg.method, cfg.entropy_term) == (7, False, "grpo", "eq7")
+    assert (cfg.max_steps, cfg.one_shot, cfg.method, cfg.objective.entropy_term) == (7, False, "grpo", "eq7")
     assert parse_args(["--no_one_shot", "--max_steps", "7", "--sft-warmup-steps", "0"]).one_shot is False
     args = ev.parse_args(["--n-samples", "3", "--max-completion-length=5", "--no-load-in-4bit"])
     assert (args.n_samples, args.max_completion_length, args.load_in_4bit) == (3, 5, False)

@@ -11,6 +11,7 @@ import rewards
 import step
 import train
 from config import Config
+from gtpo import Objective
 from conftest import grads
 from models import load_tokenizer
 from rollout import rollout
@@ -36,8 +37,8 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
     tok = load_tokenizer(tiny_model_dir)
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
     monkeypatch.setattr(rewards, "reward", reward)                        # rewards.reward, the one entry point
-    cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, entropy_filter="off",
-                 logprob_chunk=4, micro_batch_size=2)
+    cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4,
+                 micro_batch_size=2, objective=Objective(entropy_filter="off"))
     out = {}
     for device in ("cpu", "cuda"):
         torch.manual_seed(0)

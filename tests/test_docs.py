@@ -48,7 +48,7 @@ def test_part5_replicate_commands_give_the_committed_configs():
         with open(os.path.join(HERE, "study", "runs", "replicate", run, "config.json")) as f:
             old = json.load(f)
         keys = [k for k in config.identity_keys() if k in old and k != "init_from" and old[k] is not None]
-        assert {k: getattr(cfg, k) for k in keys} == {k: old[k] for k in keys}, run
+        assert {k: config.record(cfg)[k] for k in keys} == {k: old[k] for k in keys}, run
         assert (cfg.init_from or "").endswith(old["init_from"].split("/runs/", 1)[-1] if old["init_from"] else "")
 
 
@@ -119,13 +119,12 @@ OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "confi
 def test_every_flag_and_function_the_pages_name_exists():
     """Each `--flag` on a page is one our scripts declare (or pip's, torchrun's, accelerate's), each `module.name`
     in backticks is an attribute of that module of ours, and each test_* named is a test that exists."""
-    import dataclasses
     import glob
     import importlib
     import re
     import config
     sources = [p for p in glob.glob(os.path.join(HERE, "**", "*.py"), recursive=True) if "/runs/" not in p]
-    declared = {f.name for f in dataclasses.fields(config.Config)} | OTHER_TOOLS
+    declared = {name for name, _, _ in config.settings()} | OTHER_TOOLS
     code = {p: open(p).read() for p in sources}
     for text in code.values():
         declared |= {m.replace("-", "_") for m in re.findall(r'"--([A-Za-z][\w-]*)', text)}

@@ -9,7 +9,7 @@ import config
 import gtpo
 import rewards
 import step
-from released_listings import ENT_THRESHOLD, UnslothEfficientGTPO, build_conflict_mask
+from released_listings import UnslothEfficientGTPO, build_conflict_mask
 from rollout import Rollout
 
 V, PAD, P, G = 12, 0, 3, 8          # a small vocabulary, so that aligned tokens are shared often
@@ -147,16 +147,12 @@ def test_released_code_is_listings_2_and_3_on_random_groups(model, monkeypatch):
 
 def test_released_code_sets_the_listings_constants_on_every_model():
     """gamma 0.1 (ENT_SCALE), threshold 0.7 always on, lambda 2 combined by product, R - mean, the count of
-    line 91 and the sum over completions, whatever the model's profile says; flags given beside it win."""
+    line 91 and the sum over completions (tests/test_objective.py holds gtpo.RELEASED to the listings), whatever
+    the model's profile says; flags given beside it win."""
     for model in ("smollm2-135m", "llama-8b", "qwen2.5-3b"):
-        cfg = config.parse_args(["--released_code", "--model", model])
-        assert (cfg.ent_gamma, cfg.ent_threshold, cfg.entropy_filter, cfg.entropy_term) == (0.1, ENT_THRESHOLD, "all",
-                                                                                           "released")
-        assert (cfg.conflict_weight, cfg.conflict_combine, cfg.conflict_norm, cfg.scale_rewards) == (2.0, "product",
-                                                                                                    True, False)
-        assert (cfg.conflict_count, cfg.sum_completions) == ("longer", True)
-    assert config.parse_args(["--released_code", "--ent_gamma", "0.3"]).ent_gamma == 0.3
-    demo = config.parse_args([])
+        assert config.parse_args(["--released_code", "--model", model]).objective == gtpo.Objective(**gtpo.RELEASED)
+    assert config.parse_args(["--released_code", "--ent_gamma", "0.3"]).objective.ent_gamma == 0.3
+    demo = config.parse_args([]).objective
     assert (demo.conflict_count, demo.sum_completions) == ("union", False)          # the defaults: the prose
 
 
@@ -175,7 +171,7 @@ def test_conflict_count_longer_is_the_longer_span_by_hand():
     prefixes, so the count is the longer span, 3, where the spans' union (Sec. 5.1's M^fw v M^bw) holds 5."""
     ids, mask, adv = spans_group()
     _, conflict, union = gtpo.conflict_weights(ids, mask, adv)
-    _, _, longer = gtpo.conflict_weights(ids, mask, adv, count="longer")
+    _, _, longer = gtpo.conflict_weights(ids, mask, adv, gtpo.Objective(conflict_count="longer"))
     assert union.tolist() == [5, 5, 3] and longer.tolist() == [3, 3, 3]
     _, _, listing = build_conflict_mask(ids, mask, adv > 0, adv < 0, 10, PAD)
     assert listing.tolist() == longer.tolist()
@@ -188,11 +184,9 @@ def test_sum_completions_is_g_times_the_mean_by_hand():
     ids, mask, adv = spans_group()
     weights, _, _ = gtpo.conflict_weights(ids, mask, adv)
     logp = torch.zeros(ids.shape, requires_grad=True)
-    mean, _ = gtpo.gtpo_loss(logp, mask, adv, weights)
-    total, _ = gtpo.gtpo_loss(logp, mask, adv, weights, totals=gtpo.Totals(1, float(mask.sum()), 7))
+    mean, _ = gtpo.gtpo_loss(logp, mask, gtpo.token_advantages(weights, None, adv))
+    total, _ = gtpo.gtpo_loss(logp, mask, gtpo.token_advantages(weights, None, adv), gtpo.Objective(sum_completions=True))
     # by hand: row 0 weights (2,2,2,1,1,2,2) / 7 * 1; row 1: (0,0,0,1,0,0) / 6 * -2; row 2: (2,2,2,1,1,1,1) / 7
     by_hand = -(12 / 7 - 2 / 6 + 10 / 7)
     assert total.item() == pytest.approx(by_hand) and mean.item() == pytest.approx(by_hand / 3)
-    cfg = config.parse_args(["--sum_completions", "--generation_size", "3"])
-    assert step.step_totals(cfg, mask).completions == 1
-    assert step.step_totals(config.parse_args(["--generation_size", "3"]), mask).completions == 3
+    assert config.parse_args(["--sum_completions"]).objective.sum_completions

@@ -360,6 +360,7 @@ def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_
     import rewards
     import step
     from config import Config
+    from gtpo import Objective
     from models import load_tokenizer
     from rollout import Rollout
     if extra is not None:
@@ -370,7 +371,8 @@ def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_
             return total + extra, fmt, cor
         monkeypatch.setattr(rewards, "reward", with_a_term)
     texts = ["<reasoning>1 + 1</reasoning><answer>2</answer>", "no tags at all: 3"]
-    cfg = Config(dataset="arithmetic", generation_size=2, max_completion_length=6, entropy_filter="off")
+    cfg = Config(dataset="arithmetic", generation_size=2, max_completion_length=6,
+                 objective=Objective(entropy_filter="off"))
     total, fmt, cor = rewards.reward(texts, ["2", "2"], cfg.reward_task)
     _, paper_fmt, paper_cor = rewards.score(texts, ["2", "2"], cfg.reward_task)
     assert fmt.tolist() == paper_fmt.tolist() == [10.0, 0.0] and cor.tolist() == paper_cor.tolist() == [10.0, 0.0]

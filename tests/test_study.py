@@ -27,7 +27,7 @@ def _recorded_keys():
 def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
     """The demo profile may change; the study's commands, parsed now, still give each committed run's recorded
     objective, recipe and micro-batches (config.json), so --resume and a re-run make the same experiment."""
-    from config import parse_args
+    from config import parse_args, record
     keys = _recorded_keys()
     checked = 0
     for run_id, flags, seed, _, _ in plan.jobs():
@@ -37,7 +37,7 @@ def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
         with open(path) as f:
             have = json.load(f)
         cfg = parse_args([*flags, "--seed", str(seed)])
-        assert {k: getattr(cfg, k) for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
+        assert {k: record(cfg)[k] for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
         checked += 1
     assert checked > 100
 
@@ -698,7 +698,7 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
     """study.watch's commands, parsed as train.py / eval.py parse them, give the committed runs' recorded settings
     (warmup-q9-s1, q7-released-s1: config.json, eval-id.json), the RL run starting from the warm-up it trained."""
     import eval as evaluate
-    from config import parse_args
+    from config import parse_args, record
     from study import watch
     keys = _recorded_keys()
     steps = watch.commands(1, "runs/watch-s1")
@@ -707,7 +707,7 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
         with open(os.path.join(plan.KEEP, run_id, "config.json")) as f:
             have = json.load(f)
         cfg = parse_args(cmd[1:])
-        assert {k: getattr(cfg, k) for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
+        assert {k: record(cfg)[k] for k in keys if k in have} == {k: have[k] for k in keys if k in have}, run_id
     assert parse_args(steps[1][0][1:]).init_from == steps[0][1]
     for (cmd, _), run_id, run in zip(steps[2:], ("warmup-q9-s1", "q7-released-s1"), ("warmup", "rl")):
         with open(os.path.join(plan.KEEP, run_id, "eval-id.json")) as f:

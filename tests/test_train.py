@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import gtpo
 import rewards
 import step
 import train
@@ -173,64 +174,57 @@ def test_config_defaults_profiles_and_unknown_fields():
     with pytest.raises(TypeError, match="learning_rate"):
         Config(learning_rate=1e-6)
     assert Config(method="grpo").gate == "off" and Config(h_ini=0.5).gate == "all"
-    assert Config(h_ini=0.9).gate == "off" and Config(method="grpo", entropy_filter="neg").gate == "neg"
+    assert Config(h_ini=0.9).gate == "off"
+    assert Config(method="grpo", objective=gtpo.Objective(entropy_filter="neg")).gate == "neg"
     with pytest.raises(ValueError, match="needs <H>_ini"):
         Config().gate
 
 
 def test_released_code_selects_every_released_behaviour_and_given_flags_win():
-    from config import RELEASED_CODE, parse_args
-    default, rel = parse_args(["--model", "llama-8b"]), parse_args(["--released_code"])
+    from config import parse_args
+    default, rel = parse_args(["--model", "llama-8b"]).objective, parse_args(["--released_code"])
     assert (default.entropy_term, default.scale_rewards, default.conflict_norm, default.entropy_filter) == \
         ("released", True, False, "auto")      # the entropy term by docs/study.md part 7's rule; the rest Eq. 6-8
-    demo = parse_args([])
-    assert (demo.entropy_term, demo.ent_gamma) == ("released", 0.1)     # the demo runs the default objective
-    assert {k: getattr(rel, k) for k in RELEASED_CODE} == {
-        "scale_rewards": False, "conflict_norm": True, "conflict_combine": "product", "conflict_count": "longer",
-        "sum_completions": True, "conflict_weight": 2.0, "entropy_filter": "all", "ent_threshold": 0.7,
-        "ent_gamma": 0.1, "entropy_term": "released"} and rel.released_code
-    mixed = parse_args(["--released_code", "--entropy_term", "eq7", "--ent_threshold", "0.5"])
+    assert parse_args([]).objective == gtpo.DEFAULT                     # the demo runs the default objective
+    assert rel.objective == gtpo.Objective(**gtpo.RELEASED) and rel.released_code
+    mixed = parse_args(["--released_code", "--entropy_term", "eq7", "--ent_threshold", "0.5"]).objective
     assert (mixed.entropy_term, mixed.ent_threshold, mixed.conflict_combine) == ("eq7", 0.5, "product")
 
 
-def test_resume_keeps_the_entropy_term_the_run_was_made_with(tmp_path):
-    """--resume without --entropy_term continues with the run's own term (config.json), whatever the default;
-    a config.json older than the flag ran the released form. Asking for the other term is refused like any other
-    change of objective."""
-    from config import UNRECORDED, identity_keys, parse_args
+def test_resume_reads_every_objective_setting_from_the_run(tmp_path):
+    """For every setting of gtpo.Objective and each value off its default: --resume without its flag continues
+    with the value the run's config.json records, whatever the default is now; a config.json without the
+    setting is read as its declared unrecorded value; a flag asking for another value is refused like any
+    other change of objective, recorded or not. An identity setting neither recorded nor declared is refused."""
+    from conftest import flag_args, off_values
+    from config import identity_keys, parse_args, record, unrecorded
     from runs import ConfigError, prepare_output_dir, write_json
-    old = dataclasses.asdict(parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path)]))
-    del old["entropy_term"], old["released_code"]
-    write_json(str(tmp_path / "config.json"), old)
-    kept = parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume"])
-    assert kept.entropy_term == "released"
-    assert prepare_output_dir(str(tmp_path), dataclasses.asdict(kept), True, False, identity_keys(), (), UNRECORDED) == {}
-    other = dataclasses.asdict(parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume", "--entropy_term", "eq7"]))
-    with pytest.raises(ConfigError, match="entropy_term: 'released' there vs 'eq7' now"):
-        prepare_output_dir(str(tmp_path), other, True, False, identity_keys(), (), UNRECORDED)
-    write_json(str(tmp_path / "config.json"), {**old, "entropy_term": "eq7", "released_code": False})
-    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume"]).entropy_term == "eq7"    # not the default
-    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path), "--resume", "--released_code"]).entropy_term == "released"
-    assert parse_args(["--model", "llama-8b", "--output_dir", str(tmp_path / "none"), "--resume"]).entropy_term == "released"
+    out = str(tmp_path)
+    argv = ["--model", "llama-8b", "--output_dir", out]
+    made = record(parse_args(argv))
 
-
-def test_resume_keeps_the_loss_type_the_run_was_made_with(tmp_path):
-    """config.json records --loss_type; --resume without the flag continues with it (grpo for a config.json
-    older than the flag); another loss type is refused like any other change of objective."""
-    from config import UNRECORDED, identity_keys, parse_args
-    from runs import ConfigError, prepare_output_dir, write_json
-    made = parse_args(["--output_dir", str(tmp_path), "--loss_type", "dapo"])
-    write_json(str(tmp_path / "config.json"), dataclasses.asdict(made))
-    kept = parse_args(["--output_dir", str(tmp_path), "--resume"])
-    assert kept.loss_type == "dapo"
-    assert prepare_output_dir(str(tmp_path), dataclasses.asdict(kept), True, False, identity_keys(), (), UNRECORDED) == {}
-    other = dataclasses.asdict(parse_args(["--output_dir", str(tmp_path), "--resume", "--loss-type", "dr_grpo"]))
-    with pytest.raises(ConfigError, match="loss_type: 'dapo' there vs 'dr_grpo' now"):
-        prepare_output_dir(str(tmp_path), other, True, False, identity_keys(), (), UNRECORDED)
-    old = dataclasses.asdict(made)
-    del old["loss_type"]
-    write_json(str(tmp_path / "config.json"), old)
-    assert parse_args(["--output_dir", str(tmp_path), "--resume"]).loss_type == "grpo"
+    def resume(*flags):
+        cfg = parse_args([*argv, "--resume", *flags])
+        return cfg, (lambda: prepare_output_dir(out, record(cfg), True, False, identity_keys(), (), unrecorded()))
+    for f in dataclasses.fields(gtpo.Objective):
+        for v in off_values(f, f.default):
+            write_json(str(tmp_path / "config.json"), {**made, f.name: v})
+            cfg, check = resume()
+            assert getattr(cfg.objective, f.name) == v and cfg.sources[f.name].startswith("resume"), f.name
+            assert check() == {}
+        old = dict(made)
+        del old[f.name]
+        write_json(str(tmp_path / "config.json"), old)
+        cfg, check = resume()
+        assert getattr(cfg.objective, f.name) == gtpo.UNRECORDED[f.name] and check() == {}
+        other = off_values(f, gtpo.UNRECORDED[f.name])[0]
+        cfg, check = resume(*flag_args(f.name, other))
+        with pytest.raises(ConfigError, match=f"{f.name}: {gtpo.UNRECORDED[f.name]!r} there vs {other!r} now"):
+            check()
+    write_json(str(tmp_path / "config.json"), {k: v for k, v in made.items() if k != "weight_decay"})
+    with pytest.raises(ConfigError, match="weight_decay: not recorded there vs 0.1 now"):
+        resume()[1]()
+    assert "weight_decay" not in unrecorded()
 
 
 def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
@@ -337,8 +331,8 @@ def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     for chunk in (0, 4, 256):                           # full logits; chunks smaller and larger than T
         model.zero_grad()
         logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, logprob_chunk=chunk)
-        loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.entropy_gate(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1),
-                                 weights)
+        shaped = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1)
+        loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.token_advantages(weights, None, shaped))
         loss.backward()
         out[chunk] = (logp.detach(), ent, loss.detach(), grads(model))
     ref_logp, ref_ent, ref_loss, ref_grads = out[0]
@@ -416,7 +410,7 @@ def test_chunked_entropy_gradient_matches_autograd_on_full_logits(tiny_lm, tempe
         logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, logprob_chunk=chunk,
                                       temperature=temperature, entropy_grad=True)
         h = gtpo.masked_mean(ent, c_mask, dim=1)
-        loss, _ = gtpo.gtpo_loss(logp, c_mask, adv, c_mask.float(), entropy=h, gamma=0.1)
+        loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.token_advantages(c_mask.float(), None, adv), entropy=h)
         loss.backward()
         out[chunk] = loss.detach(), grads(model)
     (l0, g0), (l4, g4) = out[0], out[4]

@@ -1,6 +1,7 @@
-"""Tests for gtpo_trl.py (skipped without TRL): GTPOTrainer's loss and gradients equal step.policy_loss /
-gtpo.gtpo_loss on the same completions; <H>_i equals TRL's own pass; groups split by micro-batches or by
-processes keep their advantages; flat groups; config refusals."""
+"""Tests for gtpo_trl.py (skipped without TRL): GTPOTrainer's loss and gradients equal gtpo.policy_loss on the
+same completions at another temperature (tests/test_objective.py holds every setting of the objective equal to
+the loop's); its <H>_i pass; groups split by micro-batches or by processes keep their advantages; flat groups;
+config refusals."""
 import dataclasses
 
 import pytest
@@ -9,10 +10,8 @@ import torch
 pytest.importorskip("trl")
 
 import gtpo                                                            # noqa: E402
-import step                                                            # noqa: E402
-from config import Config                                              # noqa: E402
 from conftest import grads                                             # noqa: E402
-from gtpo_trl import GTPOConfig, GTPOTrainer, token_advantages         # noqa: E402
+from gtpo_trl import GTPOConfig, GTPOTrainer, per_token_advantages     # noqa: E402
 from gtpo_logprobs import sequence_logprobs                                 # noqa: E402
 from models import load_tokenizer                                      # noqa: E402
 
@@ -24,8 +23,8 @@ def _args(tmp_path, **kw):
 
 
 def _planted(V, G=4, B=2, T=7, seed=0):
-    """B groups of G completions with shared leading and trailing spans, ragged lengths, mixed
-    rewards and one flat group carrying TRL-like residues."""
+    """B groups of G completions with shared leading and trailing spans, ragged lengths, and rewards: mixed
+    in the first group, all equal in the second."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, V, (B * G, T), generator=g)
     ids[:, :2] = 7                                                     # a shared leading span
@@ -33,8 +32,8 @@ def _planted(V, G=4, B=2, T=7, seed=0):
     for i, n in enumerate(lengths.tolist()):
         ids[i, n - 2:n] = 9                                            # a shared trailing span
     mask = (torch.arange(T)[None] < lengths[:, None]).long()
-    adv = torch.tensor([1.2, -0.4, -0.4, -0.4, 3e-12, 3e-12, 3e-12, 3e-12])[:B * G]   # group 2 is flat
-    return ids, mask, adv
+    rewards = torch.tensor([2.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])[:B * G]      # group 2 is flat
+    return ids, mask, rewards
 
 
 def _trainer(tmp_path, model, tok, **kw):
@@ -47,36 +46,30 @@ def _trainer(tmp_path, model, tok, **kw):
 
 
 @pytest.mark.parametrize("term", ["eq7", "released"])
-@pytest.mark.parametrize("gate,norm,temperature,loss_type", [
-    ("off", False, 1.0, "grpo"), ("all", False, 1.0, "grpo"), ("neg", True, 1.0, "grpo"), ("all", True, 1.0, "grpo"),
-    ("all", False, 0.7, "grpo"), ("all", True, 1.0, "dapo"), ("neg", False, 1.0, "dr_grpo"),
-    ("all", "released", 1.0, "grpo")])
-def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm, gate, norm, temperature, loss_type,
-                                               term):
-    """Both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7" both
-    add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
-    as the loss type says (TRL's normalisers, train.py's gtpo.aggregate). norm "released": every switch of the
-    released code's conflict masks and loss (product, the count of Listing 2 line 91, the sum over completions)."""
-    released = dict(conflict_combine="product", conflict_count="longer", sum_completions=True)
-    switches = dict(conflict_norm=True, **released) if norm == "released" else dict(conflict_norm=norm)
+@pytest.mark.parametrize("gate,loss_type", [("off", "grpo"), ("all", "grpo"), ("neg", "dapo"), ("all", "dr_grpo")])
+def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_model_dir, tiny_lm, gate, loss_type,
+                                                                 term):
+    """At T = 0.7 both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7"
+    both add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
+    as the loss type says (TRL's normalisers, train.py's gtpo.aggregate)."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
-    ids, mask, adv = _planted(model.config.vocab_size)
+    ids, mask, rewards = _planted(model.config.vocab_size)
     ids = ids.masked_fill(mask == 0, tok.pad_token_id)
     N = len(ids)
     p_ids = torch.randint(5, model.config.vocab_size, (N, 5), generator=torch.Generator().manual_seed(1))
     p_mask = torch.ones_like(p_ids)                                    # no padding: both compute positions alike
     with torch.no_grad():
-        _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=temperature)
+        _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=0.7)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
-    t = _trainer(tmp_path, model, tok, entropy_filter=gate, **switches, ent_threshold=float(h.median()),
-                 temperature=temperature, entropy_term=term, loss_type=loss_type)
-    torch.testing.assert_close(t._mean_entropy({"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids,
-                                                "completion_mask": mask}, "train"), h)
-    per_token, metrics = token_advantages(ids, mask, adv, h, 4, t.args, gate)
+    t = _trainer(tmp_path, model, tok, entropy_filter=gate, ent_threshold=float(h.median()), temperature=0.7,
+                 entropy_term=term, loss_type=loss_type)
+    o = t.objective
+    out = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask}
+    torch.testing.assert_close(t._mean_entropy(out), h, atol=1e-4, rtol=1e-5)
+    per_token, metrics = per_token_advantages(ids, mask, rewards, h, 4, o, gate)
     model.train()
     model.zero_grad()
-    inputs = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask,
-              "advantages": per_token, "num_items_in_batch": mask.sum()}
+    inputs = {**out, "advantages": per_token, "num_items_in_batch": mask.sum()}
     loss = t._compute_loss(model, inputs)
     loss.backward()
     model.eval()
@@ -84,23 +77,15 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
         assert t._compute_loss(model, inputs).item() == pytest.approx(loss.item(), abs=1e-6)
     model.train()
     g_trl = grads(model)
-    # ours: the loop's own policy_loss on the same completions, advantages zeroed in flat groups
+    # ours: gtpo.policy_loss on the same completions, as the loop calls it
     model.zero_grad()
-    ours_adv = gtpo.group_advantages(torch.tensor([2., 0, 0, 0, 5, 5, 5, 5]), 4)   # ~ adv's signs, exact 0s
-    ours_adv = torch.where(ours_adv == 0, 0.0, adv)
-    cfg = Config(dataset="arithmetic", generation_size=4, entropy_filter=gate, **switches,
-                 ent_threshold=float(h.median()), temperature=temperature, entropy_term=term, loss_type=loss_type,
-                 max_completion_length=t.args.max_completion_length)
-    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, ours_adv, 4, combine=cfg.conflict_combine,
-                                                     count=cfg.conflict_count)
-    if norm == "released":                                             # the fixture's two counts differ
-        assert not torch.equal(n_conf, gtpo.batch_conflict_weights(ids, mask, ours_adv, 4)[2])
-    logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=cfg.temperature,
-                                  entropy_grad=step.entropy_grad(cfg))
+    adv = gtpo.group_advantages(rewards, 4, o)
+    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, adv, 4, o)
+    logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=0.7, entropy_grad=o.entropy_grad("gtpo"))
     h_ours = gtpo.masked_mean(ent, mask, dim=1)                        # (N,) with grad under "eq7"
     assert h_ours.requires_grad == (term == "eq7")
-    ours, _, _ = step.policy_loss(cfg, logp, mask, ours_adv, h_ours, weights, n_conf,
-                                  totals=step.step_totals(cfg, mask))
+    ours, _, _ = gtpo.policy_loss(o, "gtpo", gate, logp, mask, adv, h_ours, weights, n_conf,
+                                  totals=gtpo.Totals(N, float(mask.sum()), t.args.max_completion_length))
     ours.backward()
     assert loss.item() == pytest.approx(ours.item(), abs=1e-6) and ours.item() != 0
     g_ours = grads(model)
@@ -110,42 +95,51 @@ def test_trainer_loss_and_gradients_equal_ours(tmp_path, tiny_model_dir, tiny_lm
     assert metrics["gtpo/conflict_frac"] > 0
 
 
-def test_entropy_pass_computes_each_prompt_once_and_equals_trls_pass(tmp_path, tiny_model_dir, tiny_lm):
-    """<H>_i from the pass that runs each prompt once for its completions equals TRL's own joint pass
-    (two prompts, the second left-padded; ragged completions; a peaked head so entropies differ)."""
+def test_entropy_pass_is_trls_forward_with_as_many_calls_whatever_the_lengths(tmp_path, tiny_model_dir, tiny_lm):
+    """<H>_i comes from TRL's own no-grad pass, the model's forward (which DeepSpeed ZeRO-3 and FSDP gather
+    the parameters for): equal to the loop's chunked pass on unpadded prompts, with a peaked head so entropies
+    differ; and as many forward calls when every completion is one token long as when they are long, so that
+    processes with different completions make the same collective calls."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(30)
-    t = _trainer(tmp_path, model, tok)
+    t = _trainer(tmp_path, model, tok, per_device_train_batch_size=4)
     g = torch.Generator().manual_seed(2)
     p = torch.randint(5, 1000, (8, 6), generator=g)
-    p[:4], p[4:] = p[0], p[4]
-    pm = torch.ones_like(p)
-    p[4:, :2], pm[4:, :2] = tok.pad_token_id, 0
     c = torch.randint(5, 1000, (8, 7), generator=g)
-    cm = (torch.arange(7)[None] < torch.tensor([7, 3, 5, 7, 2, 7, 6, 1])[:, None]).long()
-    out = {"prompt_ids": p, "prompt_mask": pm, "completion_ids": c.masked_fill(cm == 0, tok.pad_token_id),
-           "completion_mask": cm}
-    h = t._mean_entropy(out, "train")
-    with torch.no_grad():
-        _, ent, _ = t._get_per_token_logps_and_entropies(model, torch.cat([p, out["completion_ids"]], 1),
-                                                         torch.cat([pm, cm], 1), 7, 8, compute_entropy=True)
-    torch.testing.assert_close(h, gtpo.masked_mean(ent.float(), cm, dim=1), atol=1e-4, rtol=1e-4)
-    assert h.std() > 0.1
+    calls, real = [], model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    model.forward = counting
+    for lengths in ([7, 3, 5, 7, 2, 7, 6, 1], [1] * 8):
+        cm = (torch.arange(7)[None] < torch.tensor(lengths)[:, None]).long()
+        out = {"prompt_ids": p, "prompt_mask": torch.ones_like(p), "completion_ids": c.masked_fill(cm == 0, 2),
+               "completion_mask": cm}
+        calls.clear()
+        h = t._mean_entropy(out)
+        assert len(calls) == 2, lengths                                 # 8 rows in chunks of 4, on every process
+        with torch.no_grad():
+            _, ent = sequence_logprobs(model, p, torch.ones_like(p), out["completion_ids"], cm)
+        torch.testing.assert_close(h, gtpo.masked_mean(ent, cm, dim=1), atol=1e-4, rtol=1e-4)
+        assert h.std() > 0.01                                           # entropies that differ
 
 
-def test_flat_group_residues_give_no_conflicts_and_zero_advantage(tmp_path):
-    """TRL's ~1e-12 residues in a flat group become A = 0 exactly: no conflict masks. Under Eq. 7 a flat
-    group's per-token advantage is 0 (its gamma <H>_i is the loss's own term); in the released form it
-    is -gamma <H>_i on every real token (as in our own loop)."""
-    ids, mask, adv = _planted(50)
-    w, conflict, _ = gtpo.batch_conflict_weights(ids, mask, torch.cat([adv[:4], torch.zeros(4)]), 4)
+def test_flat_group_gives_no_conflicts_and_zero_advantage():
+    """A group whose rewards are all equal gets A = 0 exactly (Eq. 8 from the rewards, as the loop computes it):
+    no conflict masks. Under Eq. 7 its per-token advantage is 0 (its gamma <H>_i is the loss's own term); in the
+    released form it is -gamma <H>_i on every real token (as in our own loop)."""
+    ids, mask, rewards = _planted(50)
+    adv = gtpo.group_advantages(rewards, 4)
+    assert (adv[4:] == 0).all() and (adv[:4] != 0).all()
+    w, conflict, _ = gtpo.batch_conflict_weights(ids, mask, adv, 4)
     assert not conflict[4:].any() and conflict[:4].any()
     h = torch.full((8,), 0.3)
-    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path, entropy_term="eq7"), "off")
+    per_token, m = per_token_advantages(ids, mask, rewards, h, 4, gtpo.Objective(entropy_term="eq7"), "off")
     assert (per_token[4:] == 0).all()
     torch.testing.assert_close(per_token[:4], w[:4] * adv[:4].unsqueeze(1))
-    per_token, m = token_advantages(ids, mask, adv, h, 4, _args(tmp_path), "off")   # the default: released
+    per_token, m = per_token_advantages(ids, mask, rewards, h, 4, gtpo.Objective(), "off")   # the default: released
     torch.testing.assert_close(per_token[4:], -0.1 * 0.3 * mask[4:].float())   # the flat group
     torch.testing.assert_close(per_token[:4], w[:4] * (adv[:4] - 0.1 * 0.3).unsqueeze(1))
 
@@ -206,6 +200,7 @@ def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tin
 
 
 @pytest.mark.parametrize("kw,msg", [({"loss_type": "bnpo"}, "loss_type"), ({"beta": 0.04}, "beta"),
+                                    ({"use_liger_kernel": True}, "use_liger_kernel"),
                                     ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
                                     ({"scale_rewards": "batch"}, "scale_rewards"),
                                     ({"entropy_filter": "sometimes"}, "entropy_filter"),
@@ -217,16 +212,15 @@ def test_config_refuses_what_would_change_the_method(tmp_path, kw, msg):
         _args(tmp_path, **kw)
 
 
-def test_defaults_are_the_papers(tmp_path):
-    """GTPOConfig's own settings default to train.py's (config.Config: the paper's), name for name."""
+def test_added_fields_are_the_settings_gtpo_reads(tmp_path):
+    """GTPOConfig adds to GRPOConfig the objective's settings GTPO reads (gtpo.Objective's declarations) and no
+    other; TRL's own defaults that GTPO needs are kept (one iteration, no KL)."""
     a = _args(tmp_path, entropy_filter="auto")
     assert (a.loss_type, a.scale_rewards, a.num_iterations, a.beta) == ("grpo", "group", 1, 0.0)
-    ours = {f.name: f.default for f in dataclasses.fields(Config)}
-    added = [f.name for f in dataclasses.fields(GTPOConfig) if f.name not in {g.name for g in dataclasses.fields(
-        GTPOConfig.__mro__[1])}]
-    assert sorted(added) == ["conflict_combine", "conflict_count", "conflict_norm", "conflict_weight", "ent_gamma",
-                             "ent_threshold", "entropy_filter", "entropy_term", "sum_completions"]
-    assert {k: getattr(a, k) for k in added + ["loss_type"]} == {k: ours[k] for k in added + ["loss_type"]}
+    added = {f.name for f in dataclasses.fields(GTPOConfig)} - {g.name for g in dataclasses.fields(
+        GTPOConfig.__mro__[2])}
+    reads = {f.name for f in dataclasses.fields(gtpo.Objective) if gtpo.GTPO in f.metadata["reads"]}
+    assert added == reads - {"loss_type", "scale_rewards"}            # those two replace TRL's own fields
 
 
 def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, tiny_model_dir):
@@ -268,12 +262,12 @@ def _two_process_worker(model_dir, out):
     the rows it kept and the advantages they got."""
     import gtpo_trl
     recorded = {}
-    compute = gtpo_trl.token_advantages
+    compute = gtpo_trl.per_token_advantages
 
-    def recording(ids, mask, adv, h, G, args, gate):
-        recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G, gate=gate)
-        return compute(ids, mask, adv, h, G, args, gate)
-    gtpo_trl.token_advantages = recording
+    def recording(ids, mask, rewards, h, G, o, gate):
+        recorded.update(ids=ids.clone(), mask=mask.clone(), rewards=rewards.clone(), h=h.clone(), G=G, gate=gate, o=o)
+        return compute(ids, mask, rewards, h, G, o, gate)
+    gtpo_trl.per_token_advantages = recording
 
     class Saving(GTPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -314,11 +308,9 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     assert [x["world"] for x in ranks] == [2, 2] and [x["rank"] for x in ranks] == [0, 1]
     a, b = ranks
     assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes
-    for k in ("ids", "mask", "adv", "h"):
+    for k in ("ids", "mask", "rewards", "h"):
         assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
-    one, _ = token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8,
-                              _args(tmp_path, num_generations=8, per_device_train_batch_size=8),
-                              a["gate"])                                # one process, all 8 rows
+    one, _ = per_token_advantages(a["ids"], a["mask"], a["rewards"], a["h"], 8, a["o"], a["gate"])   # all 8 rows
     assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
     for x in ranks:
         T = x["rows"].shape[1]
