@@ -22,7 +22,15 @@ from data import tagged_solution
 
 # count rows: any = forward OR backward span (sums to the logged n_conflict); then span x sign of A_i
 CATEGORIES = ("any", "fwd_pos", "fwd_neg", "bwd_pos", "bwd_neg")
-COLORS = {0.0: "#f4a6a6", 1.0: None, 2.0: "#9fd89f", 4.0: "#4caf50"}   # lambda -> background (4: product)
+# a token's background by its lambda, whatever the objective's settings: protected (< 1), amplified (> 1), more (> 2)
+SHADES = (("λ < 1", "#f4a6a6"), ("λ > 1", "#9fd89f"), ("λ > 2", "#4caf50"))
+
+
+def color(lam):
+    """The background of a token of weight `lam` (None: lambda 1, uncoloured)."""
+    if lam is None or lam == 1.0:
+        return None
+    return SHADES[0][1] if lam < 1 else SHADES[1][1] if lam <= 2 else SHADES[2][1]
 
 
 def format_token_ids(tok):
@@ -119,10 +127,10 @@ def _show(token):
 
 def render_html(rows, path):
     """A self-contained HTML page: one completion per line, tokens on the colour of their lambda."""
-    legend = " ".join(f'<span style="background:{c}">&nbsp;λ = {l:g}&nbsp;</span>' for l, c in COLORS.items() if c)
+    legend = " ".join(f'<span style="background:{c}">&nbsp;{words}&nbsp;</span>' for words, c in SHADES)
     lines = []
     for r in rows:
-        spans = "".join(f'<span style="background:{COLORS.get(l) or "transparent"}" title="λ = {l:g}">'
+        spans = "".join(f'<span style="background:{color(l) or "transparent"}" title="λ = {l:g}">'
                         f'{html.escape(_show(t))}</span>'
                         for t, l in zip(r["tokens"], r["lambda"] or [1.0] * len(r["tokens"])))
         lines.append(f'<tr><td class="a">A = {r["advantage"]:+.2f}</td><td class="a">R = {r["reward"]:g}</td>'
@@ -160,11 +168,11 @@ def render_png(rows, path, width=110):
     ax.axis("off")
     ax.text(-18, -2, f"step {rows[0]['step']}: {rows[0]['question'][:width]}", family="monospace", fontsize=7)
     for x, yy, t, l in layout:
-        if l is not None and COLORS.get(l):
-            ax.add_patch(plt.Rectangle((x, yy - 0.45), len(t), 0.9, color=COLORS[l], lw=0))
+        if color(l):
+            ax.add_patch(plt.Rectangle((x, yy - 0.45), len(t), 0.9, color=color(l), lw=0))
         ax.text(x, yy, t, family="monospace", fontsize=7, va="center")
-    ax.text(-18, y, "green: λ = 2 (conflict token of a positive completion, amplified); red: λ = 0 (of a negative "
-            "completion, protected); ⏎ newline", family="monospace", fontsize=6, va="center")
+    ax.text(-18, y, "green: λ > 1 (conflict token of a positive completion, amplified; dark: > 2); red: λ < 1 (of a "
+            "negative completion, protected); ⏎ newline", family="monospace", fontsize=6, va="center")
     fig.savefig(path, dpi=130)
     plt.close(fig)
 

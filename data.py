@@ -413,3 +413,33 @@ def main(argv=None):
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def epoch_steps(n_records, batch_size, world, log):
+    """Optimizer steps per epoch: whole steps of B prompts on each of W ranks. The remainder of an
+    epoch is left out, as a DataLoader's drop_last does (each epoch draws a fresh order, so it is not
+    always the same prompts); a step with no prompt on some rank could not run."""
+    per_step = batch_size * world
+    steps, left = divmod(n_records, per_step)
+    if steps == 0:
+        raise DataError(f"{n_records} training prompts cannot fill one step of {batch_size} prompt(s) on each of "
+                        f"{world} rank(s); lower --batch_size or the number of ranks")
+    if left:
+        log(f"epoch: {steps} steps of {batch_size} prompt(s) x {world} rank(s); {left} of {n_records} prompts left "
+            f"out of each epoch (a fresh order every epoch)")
+    return steps
+
+
+def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
+    """This rank's n records for optimizer step k: epoch order from a seeded permutation, rank r
+    takes slice r of each step's share. wrap: the SFT warm-up's n = B x G records, read on
+    cyclically through the epoch's order (always n of them)."""
+    import torch
+    epoch, j = divmod(k, steps_per_epoch)
+    order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed + epoch))
+    part = j * dist.world + dist.rank
+    if wrap:
+        idx = order[(part * n + torch.arange(n)) % len(records)]
+    else:
+        idx = order[part * n:(part + 1) * n]
+    return [records[i] for i in idx.tolist()], epoch

@@ -29,7 +29,6 @@ gtpo/h_ini with "auto").
 import dataclasses
 import json
 import logging
-import math
 import os
 import warnings
 

@@ -245,3 +245,10 @@ def load_eval_model(name, adapter, device, load_in_4bit, dtype=None, log=print):
         with quiet_peft():
             model = PeftModel.from_pretrained(model, adapter)
     return model.eval(), tok
+
+
+def cuda_allocator_defaults():
+    """Expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set: completions of 1 to 1,500 tokens leave
+    differently sized blocks every step, and the allocator then grows one segment instead of
+    fragmenting. Read at the first CUDA allocation, so call it before any."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

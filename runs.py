@@ -60,6 +60,17 @@ def prepare_output_dir(out, config, resume, overwrite, identity=(), allowed=(), 
     return {}
 
 
+def write_config(out, settings, resume=False, changes=None, step=0):
+    """config.json in `out`: the run's `settings` and each resume that changed an identity setting
+    (--allow_changes, prepare_output_dir's `changes`): at which step, from what to what."""
+    path = os.path.join(out, "config.json")
+    os.makedirs(out, exist_ok=True)                     # the run folder appears once the run has started
+    history = read_json(path).get("changes_on_resume", []) if resume and os.path.exists(path) else []
+    if changes:
+        history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
+    write_json(path, {**settings, "changes_on_resume": history})
+
+
 def is_training_run(folder):
     """A training run's folder: its config.json (a run's settings), a checkpoint-N/ or final/."""
     if os.path.isdir(os.path.join(folder, "final")) or saved_checkpoints(folder):

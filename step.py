@@ -102,6 +102,21 @@ def reference_adapter(model):
         model.set_adapter("default")                    # trainable again, as before
 
 
+def reference_model(cfg, model):
+    """GRPO's pi_ref for the KL term (Eq. 1) is the run's starting model. Without LoRA: a frozen copy.
+    With LoRA: None -- step.reference_logprobs then reads the same model with its adapters off, or,
+    after --init_from, with the starting adapter, loaded beside the trained one as a frozen "reference"."""
+    if cfg.method != "grpo" or cfg.objective.beta <= 0:
+        return None
+    if cfg.lora_rank == 0:
+        import copy
+        return copy.deepcopy(model).eval().requires_grad_(False)
+    if cfg.init_from:
+        model.load_adapter(cfg.init_from, adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        model.set_adapter("default")                    # loading may switch the active adapter
+    return None
+
+
 def reference_logprobs(model, ref_model, prompt, completion_ids, completion_mask, cfg):
     """log pi_ref of GRPO's KL term (no grad): the frozen copy, or the same LoRA model with its
     starting adapter (after --init_from) or with its adapters switched off (no second copy in memory)."""

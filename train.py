@@ -23,12 +23,13 @@ import step
 from config import (BETAS, ConfigError, check_device, config_table, identity_keys, parse_args, record,
                     training_records, unrecorded)
 from conflicts import ConflictLog, format_token_ids, group_rows
-from data import DataError, filter_by_prompt_length, format_prompt, load_task, longest_prompt, one_shot_example
+from data import (DataError, epoch_steps, filter_by_prompt_length, format_prompt, load_task, longest_prompt,
+                  one_shot_example, step_records)
 from gtpo_logprobs import PolicyPass
-from models import ModelError, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
-from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, read_json,
-                  release_aside, resume, rng_state, save_checkpoint, save_folder, save_weights, set_aside,
-                  weights_fingerprint, write_json)
+from models import ModelError, cuda_allocator_defaults, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
+from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, release_aside,
+                  resume, rng_state, save_checkpoint, save_folder, save_weights, set_aside, weights_fingerprint,
+                  write_config, write_json)
 
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 
@@ -195,35 +196,6 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     return cfg
 
 
-def epoch_steps(n_records, batch_size, world, log):
-    """Optimizer steps per epoch: whole steps of B prompts on each of W ranks. The remainder of an
-    epoch is left out, as a DataLoader's drop_last does (each epoch draws a fresh order, so it is not
-    always the same prompts); a step with no prompt on some rank could not run."""
-    per_step = batch_size * world
-    steps, left = divmod(n_records, per_step)
-    if steps == 0:
-        raise DataError(f"{n_records} training prompts cannot fill one step of {batch_size} prompt(s) on each of "
-                        f"{world} rank(s); lower --batch_size or the number of ranks")
-    if left:
-        log(f"epoch: {steps} steps of {batch_size} prompt(s) x {world} rank(s); {left} of {n_records} prompts left "
-            f"out of each epoch (a fresh order every epoch)")
-    return steps
-
-
-def step_records(records, k, steps_per_epoch, n, dist, seed, wrap=False):
-    """This rank's n records for optimizer step k: epoch order from a seeded permutation, rank r
-    takes slice r of each step's share. wrap: the SFT warm-up's n = B x G records, read on
-    cyclically through the epoch's order (always n of them)."""
-    epoch, j = divmod(k, steps_per_epoch)
-    order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed + epoch))
-    part = j * dist.world + dist.rank
-    if wrap:
-        idx = order[(part * n + torch.arange(n)) % len(records)]
-    else:
-        idx = order[part * n:(part + 1) * n]
-    return [records[i] for i in idx.tolist()], epoch
-
-
 # -----------------------------------------------------------------------------
 # 2. the loop
 
@@ -243,7 +215,7 @@ def train(cfg, dist, stop):
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(cfg, params, total, log)
-    ref_model = reference_model(cfg, model)             # pi_ref is the starting model: before resume
+    ref_model = step.reference_model(cfg, model)        # pi_ref is the starting model: before resume
     state = resume(cfg.output_dir, model, optimizer, scheduler, dist, log) if cfg.resume else {"step": 0}
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
@@ -304,47 +276,20 @@ def progress(first, total, main):
 
 def start_run_folder(cfg, total_steps, dist, changes, step, log, parsed):
     """Just before the run writes anything: --overwrite's old run set aside whole (runs.set_aside), then
-    config.json. -> the folder set aside, or None."""
+    config.json: every setting as used, where each came from ("setup" where setup changed it from `parsed`),
+    Eq. 6's gate, the CPU threads (a CPU run repeats bit for bit only with as many). -> the folder set aside."""
     if not dist.main:
         return None
     aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume else None
     if aside:
         log(f"--overwrite: the run in {cfg.output_dir} is kept in {aside} until this one saves its first checkpoint")
-    write_config(cfg, total_steps, dist.world, changes, step, parsed)
-    return aside
-
-
-def write_config(cfg, total_steps, world, changes=None, step=0, parsed=None):
-    """config.json: every setting as the run uses it, where each came from (`sources`: parse_args's, and
-    "setup" where setup changed it from `parsed`, the config as parsed), what setup decided (<H>_ini, Eq. 6's gate), the
-    CPU threads (a CPU run repeats bit for bit only with as many), and each resume that changed an
-    identity setting (--allow_changes): at which step, from what to what."""
-    path = os.path.join(cfg.output_dir, "config.json")
-    os.makedirs(cfg.output_dir, exist_ok=True)          # the run folder appears once the run has started
-    history = read_json(path).get("changes_on_resume", []) if cfg.resume and os.path.exists(path) else []
     now = record(cfg)
-    sources = {k: "setup (the model, memory plan or <H>_ini)" if parsed and now[k] != parsed[k] else v
+    sources = {k: "setup (the model, memory plan or <H>_ini)" if now[k] != parsed[k] else v
                for k, v in (cfg.sources or {}).items()}
-    if changes:
-        history = history + [{"at_step": step, **{k: {"was": a, "now": b} for k, (a, b) in changes.items()}}]
-    write_json(path, {**now, "sources": sources, "entropy_filter_applied": cfg.gate,
-                      "total_steps": total_steps,
-                      "world_size": world, "cpu_threads": torch.get_num_threads(), "changes_on_resume": history})
-
-
-def reference_model(cfg, model):
-    """GRPO's pi_ref for the KL term (Eq. 1) is the run's starting model. Without LoRA: a frozen copy.
-    With LoRA: None -- step.reference_logprobs then reads the same model with its adapters off, or,
-    after --init_from, with the starting adapter, loaded beside the trained one as a frozen "reference"."""
-    if cfg.method != "grpo" or cfg.objective.beta <= 0:
-        return None
-    if cfg.lora_rank == 0:
-        import copy
-        return copy.deepcopy(model).eval().requires_grad_(False)
-    if cfg.init_from:
-        model.load_adapter(cfg.init_from, adapter_name=step.REFERENCE_ADAPTER, is_trainable=False)
-        model.set_adapter("default")                    # loading may switch the active adapter
-    return None
+    write_config(cfg.output_dir, {**now, "sources": sources, "entropy_filter_applied": cfg.gate,
+                                  "total_steps": total_steps, "world_size": dist.world,
+                                  "cpu_threads": torch.get_num_threads()}, cfg.resume, changes, step)
+    return aside
 
 
 def check_finite(cfg, k, nonfinite_run):
@@ -421,13 +366,6 @@ def save_final(cfg, model, tok, params, dist, log):
                                                                         tok.save_pretrained(tmp)))
     log(f"done: adapter/model in {os.path.join(cfg.output_dir, 'final')}, "
         f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}")
-
-
-def cuda_allocator_defaults():
-    """Expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set: completions of 1 to 1,500 tokens leave
-    differently sized blocks every step, and the allocator then grows one segment instead of
-    fragmenting. Read at the first CUDA allocation, so call it before any."""
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def main(argv=None):

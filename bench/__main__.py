@@ -46,7 +46,7 @@ import torch
 from bench.cpu import STEP_METHODS, report_paper_step, report_step
 from bench.probes import CHILD_FLAGS, PROBES, report_conflict, report_loss, report_trl
 from bench.reward import report_reward
-from models import heap_mmap_threshold
+from models import cuda_allocator_defaults, heap_mmap_threshold
 
 
 def report_memory(args, res):
@@ -108,8 +108,7 @@ def main():
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe_cfg", help=argparse.SUPPRESS)
     args = p.parse_args()
-    import train
-    train.cuda_allocator_defaults()                     # the allocator train.py runs with, before any CUDA allocation
+    cuda_allocator_defaults()                           # the allocator train.py runs with, before any CUDA allocation
     heap_mmap_threshold(args.heap_mmap_mb)
     CHILD_FLAGS[:] = ["--heap_mmap_mb", str(args.heap_mmap_mb)]
     if args.probe:                                                            # child process

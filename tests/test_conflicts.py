@@ -102,3 +102,13 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
     assert train.main(argv(g, "--use_grpo")) == 0
     grpo = json.loads((g / "conflicts.json").read_text())
     assert grpo["rl_steps"] == 3 and grpo["conflict_positions"] > 0 and 0 <= grpo["format_share_of_tokens"] <= 1
+
+
+def test_every_lambda_gets_its_shade_whatever_the_objective():
+    """The drawing colours a token by how its lambda compares with 1 and 2, so a conflict weight other than
+    Eq. 5's 0 and 2 (or the product's 4) is drawn too."""
+    from conflicts import SHADES, color
+    protected, amplified, more = (c for _, c in SHADES)
+    assert color(1.0) is None and color(None) is None
+    assert color(0.0) == color(0.5) == protected and color(1.5) == color(2.0) == amplified
+    assert color(3.0) == color(4.0) == more

@@ -232,3 +232,54 @@ def test_every_path_reads_every_setting_alike(tiny_model_dir, small_vocab_lm, mo
                 moved.add(name)
     read = {f.name for f in FIELDS if f.metadata["reads"]}
     assert moved == read, f"no case moved {read - moved}"
+
+
+def _table(text, header):
+    """The cells of each row of the markdown table whose header line starts with `header`."""
+    lines = text[text.index(header):].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split(" | ")])
+    return rows
+
+
+def _shown(value):
+    """The ways a page may write a default."""
+    if isinstance(value, bool):
+        return {"on", "True"} if value else {"off", "False"}
+    if isinstance(value, float):
+        return {repr(value), f"{value:g}"} | ({"ln 2"} if value == math.log(2) else set())
+    return {value}
+
+
+def test_the_pages_tables_state_the_declared_defaults():
+    """README's and docs/training.md's flag tables and docs/trl.md's GTPOConfig table give each objective
+    setting they name its declared default; docs/training.md's table and docs/trl.md's name every one train.py
+    and GTPOConfig take; README's released-code table names every setting whose released value is not the
+    paper's."""
+    import re
+    from conftest import HERE
+    pages = {name: open(f"{HERE}/{name}").read() for name in ("README.md", "docs/training.md", "docs/trl.md")}
+    declared = {f.name: f.default for f in FIELDS}
+    tables = [("README.md", "| paper | flag | default |", 1, 2), ("docs/training.md", "| flag | default | demo profile |",
+              0, 1), ("docs/trl.md", "| `GTPOConfig` field | default |", 0, 1)]
+    named = {}
+    for page, header, names_at, default_at in tables:
+        text = pages[page]
+        if page == "docs/training.md":
+            text = text[text.index("### The objective"):]
+        for row in _table(text, header):
+            names = [n for n in re.findall(r"`(?:--)?([a-z_]+)`", row[names_at]) if n in declared]
+            defaults = [d.strip().strip("`") for d in row[default_at].split(",")]
+            for name, shown in zip(names, defaults if len(defaults) == len(names) else defaults[:1] * len(names)):
+                assert shown in _shown(declared[name]), (page, name, shown, declared[name])
+                named.setdefault(page, set()).add(name)
+    assert named["docs/training.md"] == set(declared)
+    assert named["docs/trl.md"] >= {f.name for f in FIELDS if gtpo.GTPO in f.metadata["reads"]} - {"scale_rewards"}
+    released_table = pages["README.md"][pages["README.md"].index("## Equations vs released code"):]
+    released_table = released_table[:released_table.index("\n## ")]
+    for name, value in gtpo.RELEASED.items():
+        if value != PAPER[name]:
+            assert f"--{name}" in released_table or f"--no-{name}" in released_table, name

@@ -388,8 +388,8 @@ def test_resumed_grpo_keeps_the_starting_model_as_reference(tmp_path, tiny_args,
     """Full fine-tuning with beta > 0 keeps a frozen copy as pi_ref: on --resume it is the model the
     run started from, not the checkpoint's weights."""
     from safetensors.torch import load_file
-    refs, make = [], train.reference_model
-    monkeypatch.setattr(train, "reference_model", lambda cfg, model: refs.append(make(cfg, model)) or refs[-1])
+    refs, make = [], step.reference_model
+    monkeypatch.setattr(step, "reference_model", lambda cfg, model: refs.append(make(cfg, model)) or refs[-1])
     out = str(tmp_path / "run")
     argv = tiny_args(out, lora_rank=0, max_steps=1, generation_size=2, max_completion_length=4, optimizer="adamw_torch",
                      lr=1e-2, warmup_ratio=0) + ["--use_grpo", "--beta", "0.04"]

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import data
 import gtpo
 import rewards
 import step
@@ -262,12 +263,12 @@ def test_step_records_wrap_returns_n_records_at_the_epoch_end():
     dist = Dist("cpu")
     steps_per_epoch = 2000
     for k in range(0, 200):
-        got, epoch = train.step_records(records, k, steps_per_epoch, 24, dist, seed=0, wrap=True)
+        got, epoch = data.step_records(records, k, steps_per_epoch, 24, dist, seed=0, wrap=True)
         assert len(got) == 24 and len(set(got)) == 24 and epoch == 0
     order = torch.randperm(2000, generator=torch.Generator().manual_seed(0)).tolist()
-    got, _ = train.step_records(records, 83, steps_per_epoch, 24, dist, seed=0, wrap=True)   # starts at 1992
+    got, _ = data.step_records(records, 83, steps_per_epoch, 24, dist, seed=0, wrap=True)   # starts at 1992
     assert got == order[1992:] + order[:16]
-    assert train.step_records(records, 1, steps_per_epoch, 2, dist, seed=0)[0] == order[2:4]
+    assert data.step_records(records, 1, steps_per_epoch, 2, dist, seed=0)[0] == order[2:4]
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
