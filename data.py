@@ -31,6 +31,7 @@ HUB = {
              "intermediate_algebra", "number_theory", "prealgebra", "precalculus"], {}),
     "math500": ("HuggingFaceH4/MATH-500", [None], {}),
     "aime24": ("math-ai/aime24", [None], {}),
+    "aime25": ("math-ai/aime25", [None], {}),
     "amc23": ("math-ai/amc23", [None], {}),
 }
 TASKS = sorted(HUB) + ["arithmetic", "arithmetic-hard"]
@@ -164,7 +165,7 @@ def _records(rows, path, name):
             # the reference is the last \boxed{} of the solution (MATH-500's curated `answer`
             # agrees; tests/test_rewards.py measures it), so MATH and MATH-500 are scored alike
             rec["answer"] = last_boxed(obj["solution"]) or rec["answer"]
-        if name in ("aime24", "amc23"):
+        if name in ("aime24", "aime25", "amc23"):
             rec["answer"] = str(int(float(rec["answer"])))          # "025" -> "25", 27.0 -> "27"
         out.append(rec)
     if skipped and not out:
@@ -369,7 +370,7 @@ def filter_by_prompt_length(records, tokenizer, max_prompt_length, example=None)
 # the offline folder, written from the Hub
 
 EXPORT = {"gsm8k": ("train", "test"), "math": ("train", "test"), "math500": ("test",), "aime24": ("test",),
-          "amc23": ("test",)}
+          "aime25": ("test",), "amc23": ("test",)}
 
 
 def export(out_dir, names=None, log=print):

@@ -282,7 +282,7 @@ def parse_args(argv=None):
     count, at_least_1, positive = checked(int, AT_LEAST_0), checked(int, AT_LEAST_1), checked(float, POSITIVE)
     a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
     a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
-    a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, amc23, arithmetic, or a .jsonl path")
+    a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, aime25, amc23, arithmetic, or a .jsonl path")
     a("--task", default="auto", choices=["auto", "numeric", "latex"],
       help="how answers are compared (train.py's --task): auto = the dataset's own")
     a("--split", default="test", help="dataset split (default test)")

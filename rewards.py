@@ -44,7 +44,7 @@ if not SERVING_LATEX:    # the math-verify child (LatexWorker) runs this file: w
 
 FORMAT_FULL, FORMAT_PARTIAL, CORRECT = 10.0, 1.0, 10.0
 TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
-NUMERIC_TASKS = {"gsm8k", "aime24", "amc23", "arithmetic", "arithmetic-hard"}
+NUMERIC_TASKS = {"gsm8k", "aime24", "aime25", "amc23", "arithmetic", "arithmetic-hard"}
 LATEX_TASKS = {"math", "math500"}
 MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
 LATEX_TIMEOUT = 2.0             # seconds for one math-verify comparison, then its process is killed

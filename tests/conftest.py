@@ -17,6 +17,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):      # `pytest -n 2`: a thread per wor
     import torch
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+if os.environ.get("GTPO_HIDE_TRL"):             # the fast tier as `pip install -r requirements.txt` leaves it (.ci/run)
+    sys.modules["trl"] = None                   # `import trl` fails and find_spec("trl") is None, as without TRL
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root
 DATA_DIR = os.environ.get("GTPO_DATA_DIR")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}

@@ -53,10 +53,11 @@ def test_unknown_and_unreachable_datasets_say_how_to_fix(tmp_path, monkeypatch):
         load_task("gsm9k")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError) as e:
-        load_task("aime24", "test", data_dir=str(tmp_path))
-    msg = str(e.value)
-    assert "--data_dir" in msg and "GTPO_DATA_DIR" in msg and "aime24/test.jsonl" in msg
+    for name in ("aime24", "aime25"):
+        with pytest.raises(DataError) as e:
+            load_task(name, "test", data_dir=str(tmp_path))
+        msg = str(e.value)
+        assert "--data_dir" in msg and "GTPO_DATA_DIR" in msg and f"{name}/test.jsonl" in msg
 
 
 def test_arithmetic_task_is_deterministic_and_correct():
@@ -101,7 +102,7 @@ def test_prompt_and_sft_target_format():
 @pytest.mark.needs_data
 def test_real_datasets_load_with_expected_sizes():
     sizes = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math", "test"): 5000,
-             ("math500", "test"): 500, ("aime24", "test"): 30, ("amc23", "test"): 40}
+             ("math500", "test"): 500, ("aime24", "test"): 30, ("aime25", "test"): 30, ("amc23", "test"): 40}
     for (name, split), n in sizes.items():
         recs = load_task(name, split)
         assert len(recs) == n, name

@@ -116,11 +116,28 @@ OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "confi
                "max_step"}          # pip's, torchrun's and accelerate's; --max_step: training.md's refused abbreviation
 
 
+def names(module):
+    """The names a module of ours defines at its top level (functions, classes, assignments, imports; a class's
+    methods as Class.method's last part too), read from its source: no import, so optional packages (TRL) need not
+    be installed."""
+    import ast
+    tree = ast.parse(open(os.path.join(HERE, module.replace(".", "/") + ".py")).read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            found |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return found
+
+
 def test_every_flag_and_function_the_pages_name_exists():
     """Each `--flag` on a page is one our scripts declare (or pip's, torchrun's, accelerate's), each `module.name`
     in backticks is an attribute of that module of ours, and each test_* named is a test that exists."""
     import glob
-    import importlib
     import re
     import config
     sources = [p for p in glob.glob(os.path.join(HERE, "**", "*.py"), recursive=True) if "/runs/" not in p]
@@ -141,9 +158,23 @@ def test_every_flag_and_function_the_pages_name_exists():
                 wrong.append(f"{name}: --{flag}")
         for span in re.findall(r"`([^`\n]+)`", text.replace("```", "\n")):       # inline code, line by line
             for mod, attr in re.findall(r"\b([a-z_]+(?:\.[a-z_]+)?)\.([A-Za-z_]\w*)", span):
-                if mod in modules and attr not in ("py", "json", "md", "png", "jsonl") and \
-                        not hasattr(importlib.import_module(mod), attr):
+                if mod in modules and attr not in ("py", "json", "md", "png", "jsonl") and attr not in names(mod):
                     wrong.append(f"{name}: {mod}.{attr}")
         wrong += [f"{name}: {t}" for t in set(re.findall(r"(?<![.\w])test_[a-z0-9_]+\b", text)) - tests
                   if t not in {m.rsplit(".", 1)[-1] for m in modules}]             # a test file's name
     assert not wrong, wrong
+
+
+HISTORY = ("earlier session", "previous session", "last session", "this session", "last turn", "previous turn",
+           "earlier version of this page", "used to be", "no longer", "was changed")
+
+
+def test_pages_speak_in_the_present_not_of_their_history():
+    """Docs are present tense and current: history lives in `git log`, not in the pages."""
+    import re
+    found = []
+    for name in PAGES:
+        text = " ".join(open(os.path.join(HERE, name)).read().split()).lower()
+        found += [f"{name}: ...{text[max(0, m.start() - 40):m.end() + 20]}..." for phrase in HISTORY
+                  for m in re.finditer(re.escape(phrase), text)]
+    assert not found, found

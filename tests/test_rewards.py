@@ -128,18 +128,21 @@ def test_gsm8k_answers_rewritten_as_a_person_would():
 
 
 @pytest.mark.needs_data
-def test_aime24_references_are_integers_in_both_forms():
+@pytest.mark.parametrize("name", ["aime24", "aime25"])
+def test_aime_references_are_integers_in_both_forms(name):
+    """AIME 2024's answers are strings ("025"), AIME 2025's floats (70.0): both load as the integer's text and
+    score a completion that writes it plainly, zero-padded or as upstream does."""
     from data import load_task
-    recs, raw = load_task("aime24", "test"), _rows("aime24")
+    recs, raw = load_task(name, "test"), _rows(name)
     assert len(recs) == 30
     for r, rec in zip(raw, recs):
-        assert rec["answer"] == str(int(r["answer"]))
-        for form in (r["answer"], str(int(r["answer"])), str(int(r["answer"])).zfill(3)):
-            assert score([wrap(form)], [rec["answer"]], "aime24")[0].item() == 20
+        assert rec["answer"] == str(int(float(r["answer"])))
+        for form in (str(r["answer"]), rec["answer"], rec["answer"].zfill(3)):
+            assert score([wrap(form)], [rec["answer"]], name)[0].item() == 20
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("name", ["gsm8k", "math500", "aime24", "amc23"])
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "aime24", "aime25", "amc23"])
 def test_wrong_answers_score_format_only(name):
     # a wrong answer = the reference of the next item whose reference differs as text
     # (about 1% of GSM8K neighbours share the same number, which is rightly correct)

@@ -716,3 +716,62 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
         assert args.adapter == f"runs/watch-s1/{run}/final"
         assert (args.split, args.limit, args.n_samples, args.seed, args.max_completion_length) == \
                (have["split"], have["n_problems"], have["n_samples"], have["seed"], have["max_completion_length"])
+
+
+@pytest.mark.needs_data
+def test_table1_small_run_sets_ours_beside_the_authors_and_resumes(tmp_path, tiny_model_dir):
+    """study.table1 on the tiny model, 2 problems a set, n = 4, k <= 4: our rows for each run on AIME 2024, AIME 2025
+    and AMC 2023 beside the authors' rows for the model and training set, quoted from their file; run again after
+    a set lost its last problem (as a kill leaves it), only that problem is sampled again and the table is whole."""
+    import json
+    from study import table1
+    out = tmp_path / "t1"
+    argv = ["--model", tiny_model_dir, "--run", "base=none", "--limit", "2", "--n_samples", "4", "--pass_k", "1", "4",
+            "--maj_k", "4", "--eval_flags", "--max_completion_length 4 --batch_size 8", "--output_dir", str(out)]
+    assert table1.main(argv) == 0
+    res = json.loads((out / "table1.json").read_text())
+    assert [c[:2] for c in res["columns"]] == [[s, "pass"] for s in table1.SETS for _ in (1, 4)] + [["amc23", "maj"]]
+    assert [r["name"] for r in res["rows"]] == ["ours: base"]            # a folder: no authors' rows for it
+    samples = out / "base" / "aime25" / "samples.jsonl"
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(rows) == 8 and {r["problem"] for r in rows} == {0, 1}
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows if r["problem"] == 0))   # killed in problem 1
+    argv[1] = "llama-8b"                                                  # the authors' rows of a model they ran
+    real = table1.evaluate.main
+
+    def tiny(a):                                                          # the tiny model under llama-8b's name
+        return real([tiny_model_dir if x == "llama-8b" else x for x in a])
+    from unittest import mock
+    with mock.patch.object(table1.evaluate, "main", tiny):
+        assert table1.main(argv) == 0
+    again = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert again[:4] == rows[:4] and len(again) == 8                       # problem 0 kept, problem 1 sampled again
+    res = json.loads((out / "table1.json").read_text())
+    names = [r["name"] for r in res["rows"]]
+    assert names == ["ours: base", "authors: sft (llama-8b, gsm8k)", "authors: grpo (llama-8b, gsm8k)",
+                     "authors: gtpo (llama-8b, gsm8k)"]
+    gtpo_row = res["rows"][-1]["values"]
+    assert gtpo_row[res["columns"].index(["amc23", "maj", 4])] == 25.0     # their Table 1, as transcribed
+    assert gtpo_row[res["columns"].index(["aime24", "pass", 1])] == 0.0
+    md = (out / "table1.md").read_text()
+    assert "their Table 1 (winstonsmith1897/GTPO" in md and "| ours: base |" in md
+
+
+@pytest.mark.needs_data
+def test_fig4_panels_change_exactly_what_they_ablate():
+    """study.fig4's commands parse as train.py parses them (every flag exists), each run changes against its panel's
+    base exactly the settings it declares, and docs/study.md Part 9 lists every command as the module prints it."""
+    from config import parse_args, record
+    from conftest import HERE
+    from study import fig4
+    with open(os.path.join(HERE, "docs", "study.md")) as f:
+        page = f.read()
+    for panel, arms in fig4.PANELS.items():
+        cmds = fig4.commands(panel)
+        assert cmds[0][0] == arms[0][0] and arms[0][2] == set()
+        base = record(parse_args(cmds[0][1][2:]))
+        for (run, argv), (_, _, changes) in zip(cmds, arms):
+            got = record(parse_args(argv[2:]))
+            assert {k for k in base if base[k] != got[k]} - {"output_dir", "sources"} == changes, (panel, run)
+            assert " ".join(argv) in page, (panel, run)
+    assert len({" ".join(a) for p in fig4.PANELS for _, a in fig4.commands(p)}) == 17

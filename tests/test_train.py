@@ -146,7 +146,7 @@ def test_help_shows_the_real_defaults_grouped(capsys):
     assert e.value.code == 0 and "PROMPTS per optimizer step" in out
     text = " ".join(out.split())                                      # argparse wraps lines
     assert "learning rate [default 0.0003 with smollm2-135m (demo profile), else 1e-06 (paper)]" in text
-    assert "math500" in text and "aime24" in text                     # every dataset
+    assert "math500" in text and "aime24" in text and "aime25" in text   # every dataset
     assert "torchrun --nproc_per_node 2 train.py" in text            # the docstring's examples
     groups = [(g.title, [a.dest for a in g._group_actions]) for g in build_parser()._action_groups]
     titles = [t for t, _ in groups]

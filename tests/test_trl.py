@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-pytest.importorskip("trl")
+pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r requirements-trl.txt")
 
 import gtpo                                                            # noqa: E402
 from conftest import grads                                             # noqa: E402
