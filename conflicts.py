@@ -95,8 +95,8 @@ class ConflictLog:
 
 def group_rows(tok, ro, scored, group, step, question, answer):
     """samples.jsonl rows for one group (`group`: its completions' row numbers) of a step: every
-    completion with its token strings, A_i and lambda per token (GTPO; None for GRPO), enough to
-    redraw it with render_*."""
+    completion with its token strings, A_i, whether its answer is correct, and lambda per token (GTPO; None for
+    GRPO), enough to redraw it with render_*."""
     rows = []
     for i in group:
         n = int(ro.completion_mask[i].sum())
@@ -104,6 +104,7 @@ def group_rows(tok, ro, scored, group, step, question, answer):
         lam = None if scored["weights"] is None else scored["weights"][i, :n].tolist()
         rows.append({"step": step, "question": question, "answer": answer, "completion": ro.texts[i],
                      "reward": scored["rewards"][i].item(), "advantage": scored["advantages"][i].item(),
+                     **({"correct": scored["correctness"][i].item() > 0} if "correctness" in scored else {}),
                      "tokens": [tok.decode([t]) for t in ids], "lambda": lam})
     return rows
 
@@ -121,6 +122,19 @@ def pick_group(rows, step=None):
     return [r for r in rows if r["step"] == step and "tokens" in r]
 
 
+def positives_note(rows):
+    """What the group's completions with A > 0 were rewarded for: how many are correct, and when none is, that
+    their advantage comes from the format alone. None for rows that do not record correctness."""
+    pos = [r for r in rows if r["advantage"] > 0]
+    if not pos or any("correct" not in r for r in pos):
+        return None
+    right = sum(r["correct"] for r in pos)
+    if right == 0:
+        return (f"none of the {len(pos)} completions with A > 0 is correct: they are rewarded for their format "
+                f"alone, and their conflict tokens amplified for it")
+    return f"{right} of the {len(pos)} completions with A > 0 are correct"
+
+
 def _show(token):
     return token.replace("\n", "⏎")
 
@@ -133,14 +147,17 @@ def render_html(rows, path):
         spans = "".join(f'<span style="background:{color(l) or "transparent"}" title="λ = {l:g}">'
                         f'{html.escape(_show(t))}</span>'
                         for t, l in zip(r["tokens"], r["lambda"] or [1.0] * len(r["tokens"])))
-        lines.append(f'<tr><td class="a">A = {r["advantage"]:+.2f}</td><td class="a">R = {r["reward"]:g}</td>'
+        mark = {True: " ✓", False: " ✗"}.get(r.get("correct"), "")
+        lines.append(f'<tr><td class="a">A = {r["advantage"]:+.2f}</td><td class="a">R = {r["reward"]:g}{mark}</td>'
                      f'<td class="t">{spans}</td></tr>')
     q = html.escape(rows[0]["question"])
     page = (f'<!doctype html><meta charset="utf-8"><title>GTPO group, step {rows[0]["step"]}</title>'
             '<style>body{font-family:sans-serif} td.t{font-family:monospace;white-space:pre-wrap;padding:4px 0}'
             'td.a{font-family:monospace;white-space:nowrap;vertical-align:top;padding:4px 8px}</style>'
             f'<p><b>Step {rows[0]["step"]}</b>: {q} (answer {html.escape(str(rows[0]["answer"]))})</p>'
-            f'<p>{legend} &nbsp; uncoloured: λ = 1; ⏎ = newline</p><table>{"".join(lines)}</table>')
+            f'<p>{legend} &nbsp; uncoloured: λ = 1; ⏎ = newline; ✓ / ✗ correct or not</p>'
+            + (f'<p><b>{html.escape(positives_note(rows))}</b></p>' if positives_note(rows) else "")
+            + f'<table>{"".join(lines)}</table>')
     with open(path, "w") as f:
         f.write(page)
 
@@ -167,6 +184,8 @@ def render_png(rows, path, width=110):
     ax.set_ylim(y + 1, -3)
     ax.axis("off")
     ax.text(-18, -2, f"step {rows[0]['step']}: {rows[0]['question'][:width]}", family="monospace", fontsize=7)
+    if positives_note(rows):
+        ax.text(-18, -1, positives_note(rows)[:width + 18], family="monospace", fontsize=7, weight="bold")
     for x, yy, t, l in layout:
         if color(l):
             ax.add_patch(plt.Rectangle((x, yy - 0.45), len(t), 0.9, color=color(l), lw=0))
@@ -178,11 +197,11 @@ def render_png(rows, path, width=110):
 
 
 def render(samples_path, out_dir, step=None):
-    """Both renderings of one logged group -> [out_dir/group-step<N>.html, .png]."""
+    """Both renderings of one logged group -> ([out_dir/group-step<N>.html, .png], positives_note or None)."""
     import os
     from data import read_jsonl
     rows = pick_group([r for _, r in read_jsonl(samples_path)], step)
     prefix = os.path.join(out_dir, f"group-step{rows[0]['step']}")
     render_html(rows, prefix + ".html")
     render_png(rows, prefix + ".png")
-    return [prefix + ".html", prefix + ".png"]
+    return [prefix + ".html", prefix + ".png"], positives_note(rows)

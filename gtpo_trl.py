@@ -28,7 +28,6 @@ gtpo/h_ini with "auto").
 """
 import dataclasses
 import json
-import logging
 import os
 import warnings
 
@@ -41,8 +40,6 @@ from models import embedded_model_dir
 __all__ = ["GTPOConfig", "GTPOTrainer", "per_token_advantages", "embedded_model_dir", "example_dataset",
            "example_trainer"]
 
-# TRL imports bitsandbytes, whose CPU backend announces an optional kernel package it works without
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 # TRL 1.16 calls transformers' gradient_checkpointing names, which transformers 5 renamed (FutureWarning each)
 warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 

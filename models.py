@@ -12,9 +12,11 @@ import torch
 
 from data import hub_unreachable
 
-# bitsandbytes' CPU backend warns at import that the optional `kernels` package (a faster 4-bit CPU
-# matmul fetched from the Hub) is missing; its own fallback kernel is what runs, so say nothing.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# bitsandbytes' CPU backend asks, at import, the `kernels` package for a faster 4-bit CPU matmul from the Hub: it
+# warns when that package is missing or fails, and `kernels` itself notes that offline it skips a trust check. Its
+# own fallback kernel is what runs, so neither says anything about the run.
+for _name in ("bitsandbytes.backends.cpu.ops", "kernels"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 # alias -> (Hub id or "embedded", LoRA rank of Listing 1)
 ALIASES = {

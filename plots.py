@@ -14,11 +14,14 @@ from data import DataError, read_jsonl
 
 
 def model_label(res):
-    """A legend label from results.json: "untrained <model>" or "trained: <the run's folder>"."""
+    """A legend label from results.json: "untrained <model>", or the run and which of its weights: "<run>, final"
+    or "<run>, checkpoint-N (step N)" -- a checkpoint is named as one, not as the trained model."""
     if not res.get("adapter"):
         return f"untrained {os.path.basename(str(res.get('model', 'model')))}"
     adapter = os.path.abspath(res["adapter"])
-    return f"trained: {os.path.basename(os.path.dirname(adapter))}/{os.path.basename(adapter)}"
+    run, which = os.path.basename(os.path.dirname(adapter)), os.path.basename(adapter)
+    step = which.removeprefix("checkpoint-")
+    return f"{run}, {which} (step {step})" if step.isdigit() else f"{run}, {which}"
 
 
 def plot_passk(results, out_png):
@@ -69,6 +72,7 @@ def plot_curves(metric_files, out_png, smooth=5):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(f))) or f,
              [r for _, r in read_jsonl(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
     keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
@@ -92,6 +96,7 @@ def plot_curves(metric_files, out_png, smooth=5):
         ax.set_title(key, fontsize=9)
         ax.set_ylabel(CURVE_KEYS[key], fontsize=8)
         ax.set_xlabel("optimizer step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))                # steps are whole: no 2.5
         ax.grid(alpha=0.3)
         if key == "entropy":
             ax.axhline(math.log(2), color="k", ls=":", lw=1)
@@ -115,7 +120,8 @@ def plot_main(args):
             raise DataError(f"{f!r} does not exist")
     if args.render:
         try:
-            print("wrote " + " and ".join(conflicts.render(args.render, out, args.render_step)))
+            paths, note = conflicts.render(args.render, out, args.render_step)
+            print("wrote " + " and ".join(paths) + (f"\nnote: {note}" if note else ""))
         except ValueError as e:
             raise DataError(f"--render {args.render}: {e}") from None
     if args.plot:

@@ -171,7 +171,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
     conflict tokens into (GTPO or GRPO). ranks: runs.Dist under torchrun (step_totals).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
-    "weights" (N, L) lambda or None}.
+    "weights" (N, L) lambda or None, "correctness" (N,), the reward's correctness term}.
     """
     G, device = cfg.generation_size, next(model.parameters()).device
     # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
@@ -204,7 +204,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     if cfg.method == "gtpo":
         metrics.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
                   "gtpo/mean_conflict_tokens": n_conflict.float().mean().item()})
-    return metrics, sampled, {"rewards": total, "advantages": adv, "weights": weights}
+    return metrics, sampled, {"rewards": total, "advantages": adv, "weights": weights, "correctness": correctness}
 
 
 def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conflict, clock=_no_clock, ranks=None):

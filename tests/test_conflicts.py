@@ -112,3 +112,19 @@ def test_every_lambda_gets_its_shade_whatever_the_objective():
     assert color(1.0) is None and color(None) is None
     assert color(0.0) == color(0.5) == protected and color(1.5) == color(2.0) == amplified
     assert color(3.0) == color(4.0) == more
+
+
+def test_a_render_says_when_the_positives_are_right_for_their_format_alone(fig9, tmp_path):
+    """The drawing of a group marks each completion correct or not and says how many of the completions with
+    A > 0 are correct; when none is, it says their advantage comes from the format alone."""
+    import html
+    from conflicts import positives_note
+    tok, ro, scored = fig9
+    pos = scored["advantages"] > 0
+    for correct, words in ((torch.zeros(len(pos)), "none of the"), (pos.float(), f"{int(pos.sum())} of the")):
+        rows = group_rows(tok, ro, {**scored, "correctness": correct * 10}, range(len(FIG9)), 7, "q", "4")
+        assert positives_note(rows).startswith(words)
+        render_html(rows, tmp_path / "g.html")
+        page = (tmp_path / "g.html").read_text()
+        assert html.escape(positives_note(rows)) in page and page.count("✓") == int((correct > 0).sum()) + 1  # + legend
+    assert positives_note([{k: v for k, v in r.items() if k != "correct"} for r in rows]) is None   # older rows

@@ -77,6 +77,11 @@ def test_the_quick_start_runs_as_written_in_order(tmp_path):
         cmd = f"{sys.executable} {os.path.join(HERE, script)} {rest} {' '.join(extra)}"
         r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
         assert r.returncode == 0, (line, r.stderr[-3000:])
+        if line == "python train.py":                                       # README's block is what it prints
+            printed = text[text.index("What it prints"):].split("```\n", 1)[1].split("```", 1)[0].splitlines()
+            said = [ln for ln in printed if "|" not in ln and not ln.startswith("model ")]   # bars, cache path
+            assert len(said) == 5 and all(ln in r.stdout.splitlines() for ln in said), (said, r.stdout)
+            assert "trainable parameters, LoRA rank 32" in r.stdout
     evals = sorted(p.name for p in (tmp_path / "runs").glob("eval-*"))
     assert len(evals) == 3 and any(e.endswith("-final") for e in evals) and any(e.endswith("-checkpoint-8")
                                                                                 for e in evals), evals

@@ -263,7 +263,9 @@ def test_loading_an_adapter_prints_no_warning(tiny_lm, tiny_model_dir, tmp_path)
 def test_plot_legend_says_trained_or_untrained():
     assert ev.model_label({"model": "smollm2-135m", "adapter": None}) == "untrained smollm2-135m"
     assert ev.model_label({"model": "smollm2-135m", "adapter": "runs/gtpo-smollm2-135m-arithmetic/final"}) == \
-        "trained: gtpo-smollm2-135m-arithmetic/final"
+        "gtpo-smollm2-135m-arithmetic, final"
+    assert ev.model_label({"model": "smollm2-135m", "adapter": "runs/gtpo-smollm2-135m-arithmetic/checkpoint-8"}) == \
+        "gtpo-smollm2-135m-arithmetic, checkpoint-8 (step 8)"
 
 
 @pytest.mark.slow                                  # real runs in this process or a child: the slow tier
@@ -296,3 +298,16 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_mod
         ev.main(["--drift", str(tmp_path / "run"), "--drift_steps", "3", "--one_shot_from", "none"])
     with pytest.raises(DataError, match="no config.json"):
         ev.main(["--drift", str(tmp_path / "start")])
+
+
+def test_training_curves_mark_whole_steps(tmp_path, monkeypatch):
+    """A short run's curves (3 RL steps) are ticked at whole steps, not at 1.5 or 2.5."""
+    import matplotlib.pyplot as plt
+    import plots
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "phase": "rl", "reward": s, "loss": 0.1 * s}) + "\n" for s in (1, 2, 3)))
+    plots.plot_curves([str(path)], str(tmp_path / "curves.png"), smooth=1)
+    ticks = [t for ax in figures[0].axes if ax.get_title() for t in ax.get_xticks()]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks

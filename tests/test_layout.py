@@ -66,3 +66,18 @@ def test_no_code_file_over_500_lines():
     long = {os.path.relpath(f, HERE): n for f in modules().values()
             if not os.path.basename(f).startswith("test_") and (n := sum(1 for _ in open(f))) > 500}
     assert long == {}
+
+
+def test_gitignore_hides_what_the_project_writes_not_a_users_data():
+    """runs/ and the benchmarks' outputs are ignored; a user's own .jsonl data file, anywhere, is not."""
+    import shutil
+    import subprocess
+    import pytest
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(HERE, ".git")) and \
+            not os.path.isfile(os.path.join(HERE, ".git")):
+        pytest.skip("not a git checkout")
+
+    def ignored(path):
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=HERE).returncode == 0
+    assert ignored("runs/gtpo-x/metrics.jsonl") and ignored("runs/eval-x/samples.jsonl") and ignored("bench.json")
+    assert not ignored("mine.jsonl") and not ignored("my_data/train.jsonl") and not ignored("study/runs/x/metrics.jsonl")

@@ -592,6 +592,7 @@ sys.path.insert(0, {here!r})
 sys.path.insert(0, os.path.join({here!r}, "tests"))
 import rewards, runs, step
 from config import Config
+from gtpo import Objective
 from gtpo_logprobs import PolicyPass
 from models import load_tokenizer
 from rollout import Rollout
@@ -621,7 +622,7 @@ mine = Rollout(**{{f.name: getattr(ro, f.name)[rank * 3:(rank + 1) * 3] for f in
 results = {{}}
 for loss_type in loss_types:
     cfg = Config(dataset="arithmetic", generation_size=3, max_completion_length=5, logprob_chunk=4,
-                 entropy_filter="off", loss_type=loss_type)
+                 objective=Objective(entropy_filter="off", loss_type=loss_type))
     model = tiny()
     step.rollout = lambda *a, **k: mine
     m, _, _ = step.rl_step(model, dist.wrap(PolicyPass(model)), tok, [["p", "q"][rank]], [["1", "2"][rank]], cfg,

@@ -265,7 +265,8 @@ def _two_process_worker(model_dir, out):
     compute = gtpo_trl.per_token_advantages
 
     def recording(ids, mask, rewards, h, G, o, gate):
-        recorded.update(ids=ids.clone(), mask=mask.clone(), rewards=rewards.clone(), h=h.clone(), G=G, gate=gate, o=o)
+        recorded.update(ids=ids.clone(), mask=mask.clone(), rewards=rewards.clone(), h=h.clone(), G=G, gate=gate,
+                        o=dataclasses.asdict(o))
         return compute(ids, mask, rewards, h, G, o, gate)
     gtpo_trl.per_token_advantages = recording
 
@@ -310,7 +311,8 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes
     for k in ("ids", "mask", "rewards", "h"):
         assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
-    one, _ = per_token_advantages(a["ids"], a["mask"], a["rewards"], a["h"], 8, a["o"], a["gate"])   # all 8 rows
+    one, _ = per_token_advantages(a["ids"], a["mask"], a["rewards"], a["h"], 8, gtpo.Objective(**a["o"]),
+                                  a["gate"])                                # one process, all 8 rows
     assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
     for x in ranks:
         T = x["rows"].shape[1]
