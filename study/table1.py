@@ -79,6 +79,8 @@ def main(argv=None):
     p.add_argument("--model", required=True, help="the base model of the runs (an alias, e.g. llama-8b, or a folder)")
     p.add_argument("--train_dataset", default="gsm8k", help="what the runs trained on (gsm8k or math): picks the "
                    "authors' rows")
+    p.add_argument("--authors_model", default=None, help="whose rows of the authors' table to show: llama-8b or "
+                   "qwen2.5-3b [default: --model], for a --model given as a folder")
     p.add_argument("--run", action="append", required=True, metavar="LABEL=ADAPTER",
                    help="a run to evaluate: its label (gtpo, grpo, sft match the authors' rows) and its final/ "
                         "folder, or 'none' for the base model; repeat for several")
@@ -107,8 +109,9 @@ def main(argv=None):
         for s in SETS:
             values.update(ours(args, label, adapter, s))
         rows.append((f"ours: {label}", values))
-    theirs, source = authors(args.data_dir, args.model, args.train_dataset)
-    rows += [(f"authors: {method} ({args.model}, {args.train_dataset})", v) for method, v in theirs.items()]
+    who = args.authors_model or args.model
+    theirs, source = authors(args.data_dir, who, args.train_dataset)
+    rows += [(f"authors: {method} ({who}, {args.train_dataset})", v) for method, v in theirs.items()]
     text = (f"{table(rows, cols)}\n\nPercent of problems; ours: n = {args.n_samples} samples a problem"
             f"{f', the first {args.limit} problems of each set' if args.limit else ''}; {source}.\n")
     runs.write_json(os.path.join(args.output_dir, "table1.json"),
