@@ -117,7 +117,9 @@ def test_readme_q9_sentence_is_the_studys():
 
 
 PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(HERE, "docs")) if f.endswith(".md"))
-OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help",
+OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help", "nnodes",
+               "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank", "num_machines", "machine_rank",
+               "main_process_ip", "main_process_port", "mixed_precision",
                "max_step"}          # pip's, torchrun's and accelerate's; --max_step: training.md's refused abbreviation
 
 

@@ -1,0 +1,90 @@
+"""GTPOTrainer for 2 steps under DDP and under DeepSpeed ZeRO-3 (configs/zero3.yaml) on this machine's first device,
+one process each, on a random-weight model of a named shape: seconds a step, peak memory, the losses.
+
+    python -m bench.engines --device cuda --shape llama-1b      # a lent GPU (docs/trl.md records it)
+    python -m bench.engines --device cpu --shape tiny           # its dry run (the engine forced, as the tests do)
+
+Each run is `accelerate launch --num_processes 1` of this file's worker; one JSON line a run on stdout and in
+--out. Needs TRL, and for ZeRO-3 DeepSpeed (requirements-engines.txt).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker(engine, model_dir, device, tokens):
+    """2 GTPO steps of 1 prompt x G = 8, `tokens` new tokens each, LoRA 16: one JSON line."""
+    import torch
+    sys.path.insert(0, HERE)
+    if device == "cpu" and engine != "ddp":
+        sys.path.insert(0, os.path.join(HERE, "tests"))
+        from test_engines import force_engine
+        force_engine()
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from gtpo_trl import GTPOConfig, GTPOTrainer
+    from models import load_tokenizer
+    cuda = device == "cuda"
+    ends = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            ends.append(time.perf_counter())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
+    args = GTPOConfig(output_dir=tempfile.mkdtemp(), num_generations=8, per_device_train_batch_size=8,
+                      max_completion_length=tokens, max_steps=2, bf16=cuda, use_cpu=device == "cpu" and engine == "ddp",
+                      report_to="none", save_strategy="no", seed=0, disable_tqdm=True, logging_steps=1,
+                      generation_kwargs={"min_new_tokens": tokens}, entropy_filter="off")
+    reward = lambda completions, **_: [float(len(c) % 3) for c in completions]   # noqa: E731
+    trainer = GTPOTrainer(model=model, processing_class=load_tokenizer(model_dir), reward_funcs=[reward], args=args,
+                          train_dataset=Dataset.from_list([{"prompt": "one two three four"}] * 4),
+                          peft_config=LoraConfig(r=16, target_modules="all-linear"), callbacks=[Clock()])
+    start = time.perf_counter()
+    trainer.train()
+    peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else None
+    print("RESULT " + json.dumps({"engine": str(trainer.accelerator.distributed_type).split(".")[-1],
+                                  "step_s": [b - a for a, b in zip([start] + ends, ends)], "peak_gb": peak,
+                                  "loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--shape", default="llama-1b", help="memory.SHAPES alias, or tiny")
+    p.add_argument("--tokens", type=int, default=128, help="forced new tokens per completion")
+    p.add_argument("--engines", nargs="+", default=["ddp", "zero3"], choices=["ddp", "zero3"])
+    p.add_argument("--out", default="bench-engines.json")
+    a = p.parse_args(argv)
+    from bench.gpu import random_model_dir
+    from tests.conftest import free_port
+    model_dir = random_model_dir(a.shape, a.device)
+    results = {}
+    for engine in a.engines:
+        config = [] if engine == "ddp" else ["--config_file", os.path.join(HERE, "configs", f"{engine}.yaml")]
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", *config, "--num_processes", "1",
+               "--mixed_precision", "no", "--main_process_port", str(free_port()), __file__, engine, model_dir,
+               a.device, str(a.tokens)]
+        t = time.perf_counter()
+        r = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))})
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[engine] = {**(json.loads(lines[-1][7:]) if lines else {"error": r.stderr[-2000:]}),
+                           "wall_s": time.perf_counter() - t, "returncode": r.returncode}
+        print(engine, json.dumps(results[engine])[:600], flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"shape": a.shape, "device": a.device, "tokens": a.tokens, "runs": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and not sys.argv[1].startswith("-"):
+        worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
