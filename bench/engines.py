@@ -3,6 +3,7 @@ one process each, on a random-weight model of a named shape: seconds a step, pea
 
     python -m bench.engines --device cuda --shape llama-1b      # a lent GPU (docs/trl.md records it)
     python -m bench.engines --device cpu --shape tiny           # its dry run (the engine forced, as the tests do)
+    python -m bench.engines --entropy_pass                      # the <H>_i pass's memory, the loop's way and TRL's
 
 Each run is `accelerate launch --num_processes 1` of this file's worker; one JSON line a run on stdout and in
 --out. Needs TRL, and for ZeRO-3 DeepSpeed (requirements-engines.txt).
@@ -56,6 +57,43 @@ def worker(engine, model_dir, device, tokens):
                                   "loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}), flush=True)
 
 
+def entropy_pass_peaks(tokens=96):
+    """The live-tensor peak (bytes, the profiler's memory timeline) of <H>_i's no-grad pass on the TRL example's
+    shape (the embedded model, fp32, 8 completions of `tokens` after its one-shot prompt), two ways: the loop's
+    chunked pass with each prompt once (gtpo_logprobs.sequence_logprobs) and TRL's own forward in chunks of 8 rows
+    (what GTPOTrainer runs). -> {way: bytes}."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+    import gtpo_trl
+    from gtpo_logprobs import sequence_logprobs
+    trainer = gtpo_trl.example_trainer(max_steps=1, max_completion_length=tokens, disable_tqdm=True)
+    enc = trainer.processing_class([trainer.train_dataset[0]["prompt"]], return_tensors="pt")
+    g = torch.Generator().manual_seed(0)
+    out = {"prompt_ids": enc["input_ids"].repeat(8, 1), "prompt_mask": enc["attention_mask"].repeat(8, 1),
+           "completion_ids": torch.randint(100, 10000, (8, tokens), generator=g),
+           "completion_mask": torch.ones(8, tokens, dtype=torch.long)}
+    ways = {"loop's pass, each prompt once": lambda: sequence_logprobs(
+                trainer.model, out["prompt_ids"][:1], out["prompt_mask"][:1], out["completion_ids"],
+                out["completion_mask"], prompt_index=torch.zeros(8, dtype=torch.long)),
+            "TRL's forward (GTPOTrainer)": lambda: trainer._mean_entropy(out)}
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    ways["the loss's pass, with its gradient (TRL's, for comparison)"] = lambda: (
+        trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, tokens, compute_entropy=True)[0].sum()
+        .backward())
+    peaks = {}
+    for way, run in ways.items():
+        grad = torch.enable_grad() if "gradient" in way else torch.no_grad()
+        with grad, profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                           with_stack=True) as prof:
+            run()
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
+        totals = [sum(s) for s in sizes]
+        peaks[way] = max(totals) - totals[0]
+    return peaks
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -63,7 +101,12 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=128, help="forced new tokens per completion")
     p.add_argument("--engines", nargs="+", default=["ddp", "zero3"], choices=["ddp", "zero3"])
     p.add_argument("--out", default="bench-engines.json")
+    p.add_argument("--entropy_pass", action="store_true", help="instead: the <H>_i pass's memory, two ways, on CPU")
     a = p.parse_args(argv)
+    if a.entropy_pass:
+        for way, peak in entropy_pass_peaks().items():
+            print(f"{way}: {peak / 1e6:.1f} MB live-tensor peak")
+        return
     from bench.gpu import random_model_dir
     from tests.conftest import free_port
     model_dir = random_model_dir(a.shape, a.device)
@@ -74,7 +117,8 @@ def main(argv=None):
                "--mixed_precision", "no", "--main_process_port", str(free_port()), __file__, engine, model_dir,
                a.device, str(a.tokens)]
         t = time.perf_counter()
-        r = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))})
+        path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))     # a carried site too
+        r = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
         results[engine] = {**(json.loads(lines[-1][7:]) if lines else {"error": r.stderr[-2000:]}),
                            "wall_s": time.perf_counter() - t, "returncode": r.returncode}

@@ -156,7 +156,8 @@ def test_train_py_on_two_torchrun_nodes_ends_bit_identical(tmp_path, tiny_args):
     from conftest import ENV, free_port
     port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend",
-           "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", "gtpo-two-nodes", os.path.join(HERE, "train.py"),
+           "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", "gtpo-two-nodes",
+           os.path.join(HERE, "train.py"),
            *tiny_args(tmp_path / "run", max_steps=1, generation_size=2, max_completion_length=4,
                       optimizer="adamw_torch")]
     nodes = [subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -171,7 +172,8 @@ def test_train_py_on_two_torchrun_nodes_ends_bit_identical(tmp_path, tiny_args):
 def test_the_engine_benchmark_dry_run(tmp_path):
     """`python -m bench.engines --device cpu`: GTPOTrainer under no engine and under ZeRO-3 (forced), one process
     each, 2 steps: both run, ZeRO-3 is the engine accelerate took, and the first step's loss is the same."""
-    pytest.importorskip("deepspeed", reason="needs DeepSpeed, an optional extra: pip install -r requirements-engines.txt")
+    pytest.importorskip("deepspeed", reason="needs DeepSpeed, an optional extra: pip install -r "
+                                            "requirements-engines.txt")
     from conftest import ENV
     out = tmp_path / "bench-engines.json"
     r = subprocess.run([sys.executable, "-m", "bench.engines", "--device", "cpu", "--shape", "tiny", "--tokens", "4",
@@ -179,7 +181,8 @@ def test_the_engine_benchmark_dry_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [runs[e]["returncode"] for e in ("ddp", "zero3")] == [0, 0] and runs["zero3"]["engine"] == "DEEPSPEED"
-    assert len(runs["ddp"]["step_s"]) == 2 and runs["zero3"]["loss"][0] == pytest.approx(runs["ddp"]["loss"][0], abs=1e-6)
+    assert len(runs["ddp"]["step_s"]) == 2
+    assert runs["zero3"]["loss"][0] == pytest.approx(runs["ddp"]["loss"][0], abs=1e-6)
 
 
 if __name__ == "__main__":
