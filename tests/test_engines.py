@@ -118,7 +118,7 @@ def launch(engine, model_dir, out):
 
 def gradients(out):
     """The LoRA gradients of step 1 and step 2 ({name: tensor} each), as the worker saved them."""
-    return [torch.load(os.path.join(out, f"grads-{n}.pt")) for n in (1, 2)]
+    return [torch.load(os.path.join(out, f"grads-{n}.pt"), map_location="cpu") for n in (1, 2)]
 
 
 @pytest.fixture(scope="module")
