@@ -11,7 +11,7 @@ functions, as train.py's loop computes it:
   * after TRL scores a generation batch (every process's rewards), each completion gets Eq. 8's advantage from
     its whole group (a group may straddle processes), then per-token advantages
     A_{i,t} = lambda_{i,t} * delta_i * A_i (Eq. 5-6; divided by its conflict count with conflict_norm), delta_i
-    from <H>_i of a no-grad pass of the current policy through TRL's own forward;
+    from <H>_i of a no-grad pass of the current policy (each prompt once; TRL's own forward under ZeRO-3 / FSDP);
   * the loss is gtpo.gtpo_loss on TRL's log-probs: Eq. 7's normalisation with loss_type="grpo", and with
     ratio 1 (one iteration) GTPO's gradient, Eq. 22; "dapo" and "dr_grpo" aggregate as train.py's
     --loss_type does, under TRL's normalisers (gradient accumulation included);
@@ -35,6 +35,7 @@ import torch
 
 import gtpo
 from data import format_prompt, load_task, one_shot_example
+from gtpo_logprobs import sequence_logprobs
 from models import embedded_model_dir
 
 __all__ = ["GTPOConfig", "GTPOTrainer", "per_token_advantages", "embedded_model_dir", "example_dataset",
@@ -232,19 +233,39 @@ class GTPOTrainer(GRPOTrainer):
             self._metrics[mode]["gtpo/h_ini"].append(self._h_ini)
         return "off" if self._h_ini is None else self.objective.gate("gtpo", self._h_ini)
 
+    def _shards_parameters(self):
+        """Whether the engine holds the parameters in pieces (DeepSpeed ZeRO-3, FSDP): then only the model's own
+        forward, called as often on every process, sees them whole."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_fsdp_enabled or plugin is not None and plugin.zero_stage == 3
+
     @torch.no_grad()
     def _mean_entropy(self, out):
-        """<H>_i (Sec. 4.2) of each completion under the current policy: the mean token entropy from TRL's own
-        no-grad pass (the model's forward, so sharded parameters are gathered as the engine gathers them), in
-        chunks of per_device_train_batch_size rows: as many calls on every process, whatever the lengths."""
+        """<H>_i (Sec. 4.2) of each completion under the current policy, the mean token entropy. Where every process
+        holds whole parameters, the loop's pass: each prompt once for its consecutive completions, the LM head in
+        chunks (gtpo_logprobs.sequence_logprobs). Where an engine shards them (_shards_parameters), TRL's own
+        no-grad forward in chunks of per_device_train_batch_size rows: it gathers them the engine's way, and every
+        process calls the model as often whatever its completions' lengths."""
         mask = out["completion_mask"]
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-        attention = torch.cat([out["prompt_mask"], mask], 1)
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            _, entropy, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, mask.shape[1],
-                                                                    batch_size=self.args.per_device_train_batch_size,
-                                                                    compute_entropy=True)     # (n, T)
-        return gtpo.masked_mean(entropy, mask, dim=1)                                # (n,)
+        if self._shards_parameters():
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                _, entropy, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, torch.cat([out["prompt_mask"], mask], 1), mask.shape[1],
+                    batch_size=self.args.per_device_train_batch_size, compute_entropy=True)    # (n, T)
+            return gtpo.masked_mean(entropy, mask, dim=1)                            # (n,)
+        p_ids, p_mask = out["prompt_ids"], out["prompt_mask"]                      # (n, P) left-padded
+        new_prompt = torch.ones(len(p_ids), dtype=torch.bool, device=p_ids.device)
+        new_prompt[1:] = ((p_ids[1:] != p_ids[:-1]) | (p_mask[1:] != p_mask[:-1])).any(dim=1)
+        prompt_index = new_prompt.long().cumsum(0) - 1                              # (n,) 0, ..., B-1
+        was_training = self.model.training
+        self.model.eval()                       # the sampling policy (no dropout); keeps the KV cache the
+        try:                                    # shared prompt needs when gradient checkpointing is on
+            _, entropy = sequence_logprobs(self.model, p_ids[new_prompt], p_mask[new_prompt], out["completion_ids"],
+                                           mask, prompt_index=prompt_index, temperature=self.temperature)   # (n, T)
+        finally:
+            self.model.train(was_training)
+        return gtpo.masked_mean(entropy, mask, dim=1)                               # (n,)
 
 
 def example_dataset(tok, task="arithmetic"):

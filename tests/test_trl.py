@@ -95,11 +95,36 @@ def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_m
     assert metrics["gtpo/conflict_frac"] > 0
 
 
-def test_entropy_pass_is_trls_forward_with_as_many_calls_whatever_the_lengths(tmp_path, tiny_model_dir, tiny_lm):
-    """<H>_i comes from TRL's own no-grad pass, the model's forward (which DeepSpeed ZeRO-3 and FSDP gather
-    the parameters for): equal to the loop's chunked pass on unpadded prompts, with a peaked head so entropies
-    differ; and as many forward calls when every completion is one token long as when they are long, so that
-    processes with different completions make the same collective calls."""
+def test_entropy_pass_computes_each_prompt_once_and_equals_trls_pass(tmp_path, tiny_model_dir, tiny_lm):
+    """<H>_i from the pass that runs each prompt once for its completions equals TRL's own joint pass
+    (two prompts, the second left-padded; ragged completions; a peaked head so entropies differ)."""
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(30)
+    t = _trainer(tmp_path, model, tok)
+    assert not t._shards_parameters()
+    g = torch.Generator().manual_seed(2)
+    p = torch.randint(5, 1000, (8, 6), generator=g)
+    p[:4], p[4:] = p[0], p[4]
+    pm = torch.ones_like(p)
+    p[4:, :2], pm[4:, :2] = tok.pad_token_id, 0
+    c = torch.randint(5, 1000, (8, 7), generator=g)
+    cm = (torch.arange(7)[None] < torch.tensor([7, 3, 5, 7, 2, 7, 6, 1])[:, None]).long()
+    out = {"prompt_ids": p, "prompt_mask": pm, "completion_ids": c.masked_fill(cm == 0, tok.pad_token_id),
+           "completion_mask": cm}
+    h = t._mean_entropy(out)
+    with torch.no_grad():
+        _, ent, _ = t._get_per_token_logps_and_entropies(model, torch.cat([p, out["completion_ids"]], 1),
+                                                         torch.cat([pm, cm], 1), 7, 8, compute_entropy=True)
+    torch.testing.assert_close(h, gtpo.masked_mean(ent.float(), cm, dim=1), atol=1e-4, rtol=1e-4)
+    assert h.std() > 0.1
+
+
+def test_under_sharded_parameters_every_process_calls_the_model_alike(tmp_path, tiny_model_dir, tiny_lm, monkeypatch):
+    """Where an engine shards the parameters (ZeRO-3, FSDP: _shards_parameters), <H>_i comes from TRL's own
+    no-grad forward, which gathers them: as many calls when every completion is one token long as when they are
+    long, so that processes with different completions make the same collective calls; and the same <H>_i as
+    the loop's pass (unpadded prompts)."""
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(30)
@@ -117,13 +142,14 @@ def test_entropy_pass_is_trls_forward_with_as_many_calls_whatever_the_lengths(tm
         cm = (torch.arange(7)[None] < torch.tensor(lengths)[:, None]).long()
         out = {"prompt_ids": p, "prompt_mask": torch.ones_like(p), "completion_ids": c.masked_fill(cm == 0, 2),
                "completion_mask": cm}
+        whole = t._mean_entropy(out)                                     # the loop's pass
+        monkeypatch.setattr(t, "_shards_parameters", lambda: True)
         calls.clear()
         h = t._mean_entropy(out)
         assert len(calls) == 2, lengths                                 # 8 rows in chunks of 4, on every process
-        with torch.no_grad():
-            _, ent = sequence_logprobs(model, p, torch.ones_like(p), out["completion_ids"], cm)
-        torch.testing.assert_close(h, gtpo.masked_mean(ent, cm, dim=1), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(h, whole, atol=1e-4, rtol=1e-4)
         assert h.std() > 0.01                                           # entropies that differ
+        monkeypatch.undo()
 
 
 def test_flat_group_gives_no_conflicts_and_zero_advantage():
