@@ -78,7 +78,7 @@ def report_gpu(args, res):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu (paper: 7 min, trl: 18 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu (paper: 7 min, trl: 20 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
