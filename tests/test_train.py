@@ -545,7 +545,7 @@ def test_full_weights_load_from_one_file_or_shards(tmp_path, tiny_lm, shard):
 
 
 _DDP_BUCKETS = """
-import copy, sys, torch, torch.distributed as tdist
+import copy, os, sys, torch, torch.distributed as tdist
 from runs import ddp
 tdist.init_process_group("gloo", store=tdist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
 torch.manual_seed(0)
@@ -558,8 +558,8 @@ storages = {q.grad.untyped_storage().data_ptr() for q in wrapped.module.paramete
 assert wrapped.gradient_as_bucket_view and len(storages) == 1, storages   # 4 gradients, one bucket's storage
 for p, q in zip(plain.parameters(), wrapped.module.parameters()):
     torch.testing.assert_close(q.grad, p.grad)
-del wrapped                                     # the reducer lets go of the group before the group goes
-tdist.destroy_process_group()
+sys.stdout.flush()                              # checked: leave without tearing the group down, whose gloo
+os._exit(0)                                     # threads now and then abort at exit (terminate called ...)
 """
 
 
