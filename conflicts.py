@@ -150,13 +150,13 @@ def render_html(rows, path):
         mark = {True: " ✓", False: " ✗"}.get(r.get("correct"), "")
         lines.append(f'<tr><td class="a">A = {r["advantage"]:+.2f}</td><td class="a">R = {r["reward"]:g}{mark}</td>'
                      f'<td class="t">{spans}</td></tr>')
-    q = html.escape(rows[0]["question"])
+    q, note = html.escape(rows[0]["question"]), positives_note(rows)
     page = (f'<!doctype html><meta charset="utf-8"><title>GTPO group, step {rows[0]["step"]}</title>'
             '<style>body{font-family:sans-serif} td.t{font-family:monospace;white-space:pre-wrap;padding:4px 0}'
             'td.a{font-family:monospace;white-space:nowrap;vertical-align:top;padding:4px 8px}</style>'
             f'<p><b>Step {rows[0]["step"]}</b>: {q} (answer {html.escape(str(rows[0]["answer"]))})</p>'
             f'<p>{legend} &nbsp; uncoloured: λ = 1; ⏎ = newline; ✓ / ✗ correct or not</p>'
-            + (f'<p><b>{html.escape(positives_note(rows))}</b></p>' if positives_note(rows) else "")
+            + (f'<p><b>{html.escape(note)}</b></p>' if note else "")
             + f'<table>{"".join(lines)}</table>')
     with open(path, "w") as f:
         f.write(page)
@@ -184,8 +184,9 @@ def render_png(rows, path, width=110):
     ax.set_ylim(y + 1, -3)
     ax.axis("off")
     ax.text(-18, -2, f"step {rows[0]['step']}: {rows[0]['question'][:width]}", family="monospace", fontsize=7)
-    if positives_note(rows):
-        ax.text(-18, -1, positives_note(rows)[:width + 18], family="monospace", fontsize=7, weight="bold")
+    note = positives_note(rows)
+    if note:
+        ax.text(-18, -1, note[:width + 18], family="monospace", fontsize=7, weight="bold")
     for x, yy, t, l in layout:
         if color(l):
             ax.add_patch(plt.Rectangle((x, yy - 0.45), len(t), 0.9, color=color(l), lw=0))

@@ -203,7 +203,7 @@ def train(cfg, dist, stop):
     log, parsed = print if dist.main else (lambda *a, **k: None), record(cfg)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = training_records(cfg, log)                # a bad data file fails before anything loads
-    changes = prepare_output_dir(cfg.output_dir, record(cfg), cfg.resume, cfg.overwrite, identity_keys(),
+    changes = prepare_output_dir(cfg.output_dir, parsed, cfg.resume, cfg.overwrite, identity_keys(),
                                  cfg.allow_changes.split(","), unrecorded()) if dist.main else {}
     dist.barrier()
     random.seed(cfg.seed + dist.rank)

@@ -19,13 +19,22 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def force_engine():
+    """Make accelerate take the launched engine on a CPU. accelerate enables DeepSpeed and FSDP on accelerator
+    devices only, so this gives it a GPU-like distributed type with the CPU as its device and gloo as the backend
+    (DeepSpeed with DS_ACCELERATOR=cpu); tests/test_engines.py runs every engine so."""
+    import accelerate.state as state
+    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    state.PartialState._prepare_backend = lambda self, cpu=False, sagemaker_dp=False, backend=None: (
+        "gloo", state.DistributedType.MULTI_GPU)
+
+
 def worker(engine, model_dir, device, tokens):
     """2 GTPO steps of 1 prompt x G = 8, `tokens` new tokens each, LoRA 16: one JSON line."""
     import torch
     sys.path.insert(0, HERE)
     if device == "cpu" and engine != "ddp":
-        sys.path.insert(0, os.path.join(HERE, "tests"))
-        from test_engines import force_engine
         force_engine()
     from datasets import Dataset
     from peft import LoraConfig
@@ -108,14 +117,12 @@ def main(argv=None):
             print(f"{way}: {peak / 1e6:.1f} MB live-tensor peak")
         return
     from bench.gpu import random_model_dir
-    from tests.conftest import free_port
     model_dir = random_model_dir(a.shape, a.device)
     results = {}
     for engine in a.engines:
         config = [] if engine == "ddp" else ["--config_file", os.path.join(HERE, "configs", f"{engine}.yaml")]
         cmd = [sys.executable, "-m", "accelerate.commands.launch", *config, "--num_processes", "1",
-               "--mixed_precision", "no", "--main_process_port", str(free_port()), __file__, engine, model_dir,
-               a.device, str(a.tokens)]
+               "--mixed_precision", "no", __file__, engine, model_dir, a.device, str(a.tokens)]
         t = time.perf_counter()
         path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))     # a carried site too
         r = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})

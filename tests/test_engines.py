@@ -5,9 +5,9 @@ completions all one token long (slow tier; the DeepSpeed cases skip without deep
 install -r requirements-engines.txt).
 
 accelerate enables DeepSpeed and FSDP on accelerator devices only: launched on a CPU with these configs it would
-run plain DDP and test nothing. So the worker forces the engine: it gives accelerate a GPU-like distributed type
-with the CPU as its device (ACCELERATE_TORCH_DEVICE=cpu) and gloo as the backend (DeepSpeed with
-DS_ACCELERATOR=cpu), and records which engine accelerate then chose; the test asserts it."""
+run plain DDP and test nothing. So the worker forces the engine (bench.engines.force_engine): it gives accelerate
+a GPU-like distributed type with the CPU as its device (ACCELERATE_TORCH_DEVICE=cpu) and gloo as the backend
+(DeepSpeed with DS_ACCELERATOR=cpu), and records which engine accelerate then chose; the test asserts it."""
 import json
 import os
 import subprocess
@@ -19,15 +19,6 @@ import torch
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINES = {"zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp1": "FSDP", "fsdp2": "FSDP"}
 WRAPPERS = ("module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")   # the engines' name prefixes
-
-
-def force_engine():
-    """Make accelerate take the launched engine on a CPU (see the module's docstring)."""
-    import accelerate.state as state
-    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    state.PartialState._prepare_backend = lambda self, cpu=False, sagemaker_dp=False, backend=None: (
-        "gloo", state.DistributedType.MULTI_GPU)
 
 
 def full_grads(model, engine):
@@ -53,9 +44,10 @@ def worker(engine, model_dir, out):
     """Two GTPO steps of 2 prompts x G = 8 on the tiny model with LoRA, a group split 4 + 4 over the processes;
     before step 2 process 1 samples one token per completion. Process 0 saves each step's LoRA gradients
     (grads-<step>.pt), the losses and the engine accelerate ran."""
-    if engine != "ddp":
-        force_engine()
     sys.path.insert(0, HERE)
+    if engine != "ddp":
+        from bench.engines import force_engine
+        force_engine()
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
