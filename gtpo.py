@@ -40,7 +40,7 @@ import torch
 # 0. the objective's settings, each declared once
 
 FILTER_MODES = ("all", "neg", "off")      # delta_i of Eq. 6 on every completion, on A < 0 ones (App. 13), on none
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")  # TRL's loss_type names for the same three normalisations
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "luspo")  # TRL's loss_type names for the same normalisations
 
 # a setting's range, (test, words): a value outside it is refused by Objective, so by every flag and GTPOConfig
 AT_LEAST_0 = (lambda v: v >= 0, ">= 0")                          # nan is refused too
@@ -101,7 +101,9 @@ class Objective:
     loss_type: str = setting("grpo", "how per-token terms become the loss (TRL's names): grpo = each completion's "
                              "token mean, then the mean over completions (Eq. 7); dapo = the mean over all tokens of "
                              "the step, all ranks included; dr_grpo = the sum over tokens / (N x "
-                             "max_completion_length)", "1/|o_i|", "Eq. 7", (GTPO, GRPO), choices=LOSS_TYPES)
+                             "max_completion_length); bnpo = the mean over this rank's tokens (TRL: its micro-batch's); "
+                             "luspo = each completion's token sum, then the mean over completions", "1/|o_i|", "Eq. 7",
+                             (GTPO, GRPO), choices=LOSS_TYPES)
     sum_completions: bool = setting(False, "GTPO's loss sums the completions' terms instead of averaging them "
                                     "(released code: Listing 3 adds every completion's loss, no 1/G); with "
                                     "--loss_type grpo", "1/G", "Eq. 7", (GTPO,), released=True)
@@ -237,9 +239,11 @@ def conflict_spans(ids, mask, advantages):
     return fwd, bwd
 
 
-def conflict_weights(ids, mask, advantages, o=DEFAULT):
+def conflict_weights(ids, mask, advantages, o=DEFAULT, counted=None):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21). ids (G, L) long, right-padded; mask (G, L),
-    true on real tokens; advantages (G,) -> weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
+    true on real tokens; advantages (G,); counted (G, L) or None: the tokens the policy wrote, which n_conflict
+    counts (None: every real token; a tool's output inside a completion aligns positions but is not the
+    policy's) -> weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
 
     * forward conflict at position p of completion i: the token ids[i, p] is at position p in some completion
       with A > 0 and in some with A < 0; backward: positions counted from each completion's own last token;
@@ -259,6 +263,8 @@ def conflict_weights(ids, mask, advantages, o=DEFAULT):
         weights = torch.where(~valid, 0.0, torch.where(conflict, on_conflict, 1.0))
     else:                                                           # Listing 2: mask_fwd * mask_bw
         weights = torch.where(~valid, 0.0, torch.where(fwd, on_conflict, 1.0) * torch.where(bwd, on_conflict, 1.0))
+    if counted is not None:
+        fwd, bwd, conflict = (c & counted.bool() for c in (fwd, bwd, conflict))
     n_conflict = (conflict.sum(dim=1) if o.conflict_count == "union"
                   else torch.maximum(fwd.sum(dim=1), bwd.sum(dim=1)))                         # (G,)
     return weights.float(), conflict, n_conflict
@@ -286,11 +292,12 @@ def conflict_spans_loop(ids, mask, advantages):
     return fwd, bwd
 
 
-def batch_conflict_weights(ids, mask, advantages, group_size, o=DEFAULT):
-    """conflict_weights over consecutive groups of `group_size` rows: ids, mask (N, L); advantages (N,) ->
-    weights (N, L), conflict (N, L), n_conflict (N,)."""
-    out = [conflict_weights(i, m, a, o) for i, m, a in zip(
-        ids.split(group_size), mask.split(group_size), advantages.split(group_size))]
+def batch_conflict_weights(ids, mask, advantages, group_size, o=DEFAULT, counted=None):
+    """conflict_weights over consecutive groups of `group_size` rows: ids, mask, counted (N, L); advantages (N,)
+    -> weights (N, L), conflict (N, L), n_conflict (N,)."""
+    counted = mask if counted is None else counted
+    out = [conflict_weights(i, m, a, o, c) for i, m, a, c in zip(
+        ids.split(group_size), mask.split(group_size), advantages.split(group_size), counted.split(group_size))]
     return tuple(torch.cat(parts) for parts in zip(*out))
 
 
@@ -377,7 +384,8 @@ def filtered_stats(advantages, shaped, entropy):
 
 class Totals(NamedTuple):
     """The step a micro-batch belongs to, which aggregate divides by: completions N, this rank's in the step (every
-    rank has as many); tokens, the step's real completion tokens over all ranks / ranks; max_length, L_max."""
+    rank has as many); tokens, the step's real completion tokens ("dapo": over all ranks / ranks; "bnpo": this
+    rank's); max_length, L_max."""
     completions: float
     tokens: float
     max_length: float
@@ -390,9 +398,12 @@ def aggregate(per_token, mask, loss_type="grpo", per_seq=None, totals=None):
     (Totals; None = this micro-batch alone).
         grpo     (1/N) sum_i [(1/|o_i|) sum_t l_{i,t} + s_i]       Eq. 7: token mean, then completions' mean
         dapo     (1/T) sum_i [sum_t l_{i,t} + |o_i| s_i]           token-level (DAPO): every token alike
+        bnpo     the same, T this rank's tokens                    TRL: each micro-batch's own tokens
         dr_grpo  (1/(N L_max)) sum_i [sum_t l_{i,t} + |o_i| s_i]   a constant length (Dr. GRPO)
+        luspo    (1/N) sum_i [sum_t l_{i,t} + |o_i| s_i]           each completion's token sum (LUSPO)
     Returns this micro-batch's share of the step's loss: the micro-batches' shares add up to the step's, and,
-    as DDP averages gradients and Totals.tokens is the ranks' mean count, the ranks' shares average to it.
+    as DDP averages gradients and Totals.tokens is the ranks' mean count for "dapo", the ranks' shares average to
+    it (for "bnpo", to the mean of each rank's own token mean).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
@@ -408,7 +419,8 @@ def aggregate(per_token, mask, loss_type="grpo", per_seq=None, totals=None):
         return seq.sum() / totals.completions
     if per_seq is not None:
         sums = sums + lengths * per_seq.to(sums.dtype)              # s_i on each of its tokens
-    norm = max(totals.tokens, 1.0) if loss_type == "dapo" else totals.completions * totals.max_length
+    norm = {"dapo": max(totals.tokens, 1.0), "bnpo": max(totals.tokens, 1.0), "luspo": totals.completions,
+            "dr_grpo": totals.completions * totals.max_length}[loss_type]
     return sums.sum() / norm
 
 

@@ -135,6 +135,11 @@ def expand_rows(x, counts):
     return torch.cat([x[b:b + 1].expand(c, *x.shape[1:]) for b, c in enumerate(counts)])
 
 
+class UnsharedCache(TypeError):
+    """The model's cache holds more than keys and values (Mamba's or linear attention's recurrent state): a prompt's
+    cache cannot be expanded to its completions, so each completion needs its prompt in its own forward."""
+
+
 class Prompts:
     """B prompts run once with grad (PolicyPass without completions) for the completions of every
     micro-batch of a step. A micro-batch reads detached copies of the prompts' last output and KV
@@ -144,6 +149,10 @@ class Prompts:
     whole step's gradient in one backward."""
 
     def __init__(self, first, cache, mask, last=False):
+        if not all(isinstance(getattr(layer, "keys", None), torch.Tensor) and not hasattr(layer, "conv_states")
+                   for layer in cache.layers):
+            raise UnsharedCache(f"a {type(cache).__name__} with {type(cache.layers[0]).__name__} layers is not a "
+                                f"key/value cache: pass prompt_index=None (one row of prompt_ids per completion)")
         self.cache, self.mask, self.last = cache, mask, last                      # mask (B, P)
         self.originals = [first] + [t for layer in cache.layers for t in (layer.keys, layer.values)]
         self.copies = [t.detach().requires_grad_(t.requires_grad) for t in self.originals]

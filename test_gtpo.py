@@ -515,7 +515,7 @@ def test_kl_k3_on_the_policys_own_samples_estimates_kl_to_the_reference_not_the_
 
 
 # -----------------------------------------------------------------------------
-# aggregation: how per-token terms become the loss (grpo = Eq. 7's normalisation, dapo, dr_grpo)
+# aggregation: how per-token terms become the loss (grpo = Eq. 7's normalisation, dapo, dr_grpo, bnpo, luspo)
 
 def _terms():
     """Two completions of 3 and 1 real tokens (padding carries garbage), per-token terms and own terms."""
@@ -530,17 +530,20 @@ def test_aggregate_hand_computed_for_each_loss_type():
     assert gtpo.aggregate(per_token, mask, "grpo").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
     assert gtpo.aggregate(per_token, mask, "dapo").item() == pytest.approx(10 / 4)
     assert gtpo.aggregate(per_token, mask, "dr_grpo", totals=T).item() == pytest.approx(10 / (2 * 4))
+    assert gtpo.aggregate(per_token, mask, "bnpo").item() == pytest.approx(10 / 4)
+    assert gtpo.aggregate(per_token, mask, "luspo").item() == pytest.approx((6 + 4) / 2)
     # s_i is the value s_i on each of the completion's tokens: once per completion in grpo, |o_i| times otherwise
     assert gtpo.aggregate(per_token, mask, "grpo", s).item() == pytest.approx((6 / 3 + 0.5 + 4 / 1 - 1.0) / 2)
     assert gtpo.aggregate(per_token, mask, "dapo", s).item() == pytest.approx((10 + 3 * 0.5 - 1.0) / 4)
+    assert gtpo.aggregate(per_token, mask, "luspo", s).item() == pytest.approx((6 + 3 * 0.5 + 4 - 1.0) / 2)
     for loss_type in gtpo.LOSS_TYPES:
         spread = gtpo.aggregate(per_token + s.unsqueeze(1), mask, loss_type, totals=T)
         assert gtpo.aggregate(per_token, mask, loss_type, s, totals=T).item() == pytest.approx(spread.item())
-    with pytest.raises(ValueError, match="loss_type must be one of grpo, dapo, dr_grpo"):
-        gtpo.aggregate(per_token, mask, "bnpo")
+    with pytest.raises(ValueError, match="loss_type must be one of grpo, dapo, dr_grpo, bnpo, luspo"):
+        gtpo.aggregate(per_token, mask, "cispo")
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "luspo"])
 def test_aggregate_shares_add_up_over_micro_batches_and_average_over_ranks(loss_type):
     """Cut into micro-batches with the step's totals, the shares add up to the whole batch's loss and
     gradient; cut into 2 ranks (tokens = the ranks' mean count), DDP's average of the ranks' gradients is

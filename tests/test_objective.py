@@ -151,15 +151,15 @@ def _reference(model, tok, cfg):
 
 
 def _trl(trainer, model, ro, o, h_ini):
-    """GTPOTrainer's two halves on the same completions: per-token advantages from the rewards and its own
-    <H>_i pass, then its loss and gradients."""
+    """GTPOTrainer's two halves on the same completions: per-token advantages from Eq. 8's and its own <H>_i
+    pass, then its loss and gradients."""
     from gtpo_trl import per_token_advantages
-    trainer.objective = o
+    trainer.objective, trainer.loss_type = o, o.loss_type               # TRL's loss reads its own loss_type
     out = {"prompt_ids": ro.prompt_ids, "prompt_mask": ro.prompt_mask, "completion_ids": ro.completion_ids,
            "completion_mask": ro.completion_mask}
     h = trainer._mean_entropy(out)
-    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, REWARDS, h, G, o,
-                                         o.gate("gtpo", h_ini))
+    adv = gtpo.group_advantages(REWARDS, G, o)                           # Eq. 8, as TRL's advantages give it
+    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, o, o.gate("gtpo", h_ini))
     model.train()
     model.zero_grad()
     loss = trainer._compute_loss(model, {**out, "advantages": advantages,

@@ -11,7 +11,7 @@ pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r 
 
 import gtpo                                                            # noqa: E402
 from conftest import grads                                             # noqa: E402
-from gtpo_trl import GTPOConfig, GTPOTrainer, per_token_advantages     # noqa: E402
+from gtpo_trl import GTPOConfig, GTPOTrainer, flat_groups_to_zero, per_token_advantages   # noqa: E402
 from gtpo_logprobs import sequence_logprobs                                 # noqa: E402
 from models import load_tokenizer                                      # noqa: E402
 
@@ -66,7 +66,7 @@ def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_m
     o = t.objective
     out = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask}
     torch.testing.assert_close(t._mean_entropy(out), h, atol=1e-4, rtol=1e-5)
-    per_token, metrics = per_token_advantages(ids, mask, rewards, h, 4, o, gate)
+    per_token, metrics = per_token_advantages(ids, mask, gtpo.group_advantages(rewards, 4, o), h, 4, o, gate)
     model.train()
     model.zero_grad()
     inputs = {**out, "advantages": per_token, "num_items_in_batch": mask.sum()}
@@ -153,19 +153,24 @@ def test_under_sharded_parameters_every_process_calls_the_model_alike(tmp_path, 
 
 
 def test_flat_group_gives_no_conflicts_and_zero_advantage():
-    """A group whose rewards are all equal gets A = 0 exactly (Eq. 8 from the rewards, as the loop computes it):
-    no conflict masks. Under Eq. 7 its per-token advantage is 0 (its gamma <H>_i is the loss's own term); in the
-    released form it is -gamma <H>_i on every real token (as in our own loop)."""
+    """A group whose rewards are all equal gets A = 0 exactly, even where TRL's mean leaves a residue
+    (flat_groups_to_zero): no conflict masks. Under Eq. 7 its per-token advantage is 0 (its gamma <H>_i is the
+    loss's own term); in the released form it is -gamma <H>_i on every real token (as in our own loop)."""
     ids, mask, rewards = _planted(50)
     adv = gtpo.group_advantages(rewards, 4)
     assert (adv[4:] == 0).all() and (adv[:4] != 0).all()
+    residue = adv.clone()
+    residue[4:] = torch.tensor([1e-9, -1e-9, 2e-9, -2e-9])            # what a rounded group mean can leave
+    per_func = torch.stack([rewards, torch.full_like(rewards, float("nan"))], 1)   # a second function unscored
+    per_func[5, 0] = float("nan")                                       # a row no function scored: not counted
+    torch.testing.assert_close(flat_groups_to_zero(residue, per_func, 4), adv, rtol=0, atol=0)
     w, conflict, _ = gtpo.batch_conflict_weights(ids, mask, adv, 4)
     assert not conflict[4:].any() and conflict[:4].any()
     h = torch.full((8,), 0.3)
-    per_token, m = per_token_advantages(ids, mask, rewards, h, 4, gtpo.Objective(entropy_term="eq7"), "off")
+    per_token, m = per_token_advantages(ids, mask, adv, h, 4, gtpo.Objective(entropy_term="eq7"), "off")
     assert (per_token[4:] == 0).all()
     torch.testing.assert_close(per_token[:4], w[:4] * adv[:4].unsqueeze(1))
-    per_token, m = per_token_advantages(ids, mask, rewards, h, 4, gtpo.Objective(), "off")   # the default: released
+    per_token, m = per_token_advantages(ids, mask, adv, h, 4, gtpo.Objective(), "off")   # the default: released
     torch.testing.assert_close(per_token[4:], -0.1 * 0.3 * mask[4:].float())   # the flat group
     torch.testing.assert_close(per_token[:4], w[:4] * (adv[:4] - 0.1 * 0.3).unsqueeze(1))
 
@@ -225,19 +230,6 @@ def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tin
         assert {k: sorted(v) for k, v in seen.items()} == one, name
 
 
-@pytest.mark.parametrize("kw,msg", [({"loss_type": "bnpo"}, "loss_type"), ({"beta": 0.04}, "beta"),
-                                    ({"use_liger_kernel": True}, "use_liger_kernel"),
-                                    ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
-                                    ({"scale_rewards": "batch"}, "scale_rewards"),
-                                    ({"entropy_filter": "sometimes"}, "entropy_filter"),
-                                    ({"num_iterations": 2}, "num_iterations"),
-                                    ({"steps_per_generation": 4}, "steps_per_generation"),
-                                    ({"use_vllm": True}, "vllm_importance_sampling_correction")])
-def test_config_refuses_what_would_change_the_method(tmp_path, kw, msg):
-    with pytest.raises(ValueError, match=msg):
-        _args(tmp_path, **kw)
-
-
 def test_added_fields_are_the_settings_gtpo_reads(tmp_path):
     """GTPOConfig adds to GRPOConfig the objective's settings GTPO reads (gtpo.Objective's declarations) and no
     other; TRL's own defaults that GTPO needs are kept (one iteration, no KL)."""
@@ -290,10 +282,10 @@ def _two_process_worker(model_dir, out):
     recorded = {}
     compute = gtpo_trl.per_token_advantages
 
-    def recording(ids, mask, rewards, h, G, o, gate):
-        recorded.update(ids=ids.clone(), mask=mask.clone(), rewards=rewards.clone(), h=h.clone(), G=G, gate=gate,
+    def recording(ids, mask, adv, h, G, o, gate, own):
+        recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G, gate=gate,
                         o=dataclasses.asdict(o))
-        return compute(ids, mask, rewards, h, G, o, gate)
+        return compute(ids, mask, adv, h, G, o, gate, own)
     gtpo_trl.per_token_advantages = recording
 
     class Saving(GTPOTrainer):
@@ -335,9 +327,9 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     assert [x["world"] for x in ranks] == [2, 2] and [x["rank"] for x in ranks] == [0, 1]
     a, b = ranks
     assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes
-    for k in ("ids", "mask", "rewards", "h"):
+    for k in ("ids", "mask", "adv", "h"):
         assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
-    one, _ = per_token_advantages(a["ids"], a["mask"], a["rewards"], a["h"], 8, gtpo.Objective(**a["o"]),
+    one, _ = per_token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8, gtpo.Objective(**a["o"]),
                                   a["gate"])                                # one process, all 8 rows
     assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
     for x in ranks:
