@@ -221,8 +221,11 @@ class PolicyPass(torch.nn.Module):
         p_mask = prompts.mask[prompt_index]                                          # (n, P)
         attn = torch.cat([p_mask, completion_mask[:, :-1].to(p_mask.dtype)], dim=1)
         c_pos = positions(p_mask)[:, -1:] + 1 + torch.arange(L - 1, device=p_mask.device)   # (n, L - 1)
+        # a mixture of experts counts its router loss over the attention mask, which here also covers the cached
+        # prompt: nothing reads that loss from this pass, so the router logits are not asked for
+        moe = {"output_router_logits": False} if hasattr(self.model.config, "output_router_logits") else {}
         out = self.model(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=c_pos,
-                         cache=cache, use_cache=True,
+                         cache=cache, use_cache=True, **moe,
                          **{**out_kw, "logits_to_keep": L - 1 if logits else 1})   # hidden states: no logits
         return torch.cat([first, pick(out)[:, -(L - 1):]], dim=1)                   # o_1 ... o_{L-1}
 
