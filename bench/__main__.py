@@ -33,7 +33,8 @@
 6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
               same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), and
               step.rl_step with the embedded model's defaults on the same work, a fresh process per run,
-              alternating; median step times, our step over GRPOTrainer's, GTPO's overhead and where it goes.
+              alternating; median step times, our step over GRPOTrainer's, GTPO's overhead and where it goes;
+              with gtpo2 / grpo2 in --trl_methods, num_iterations=2 against 1 (mean step times).
 
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
 counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
@@ -89,7 +90,8 @@ def main():
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--trl_steps", type=int, default=5, help="trl part: optimizer steps per run (the first is not timed)")
     p.add_argument("--trl_methods", default="grpo,gtpo,ours", help="trl part: comma-separated subset of grpo "
-                   "(TRL's GRPOTrainer), gtpo (GTPOTrainer), ours (step.rl_step, train.py's step)")
+                   "(TRL's GRPOTrainer), gtpo (GTPOTrainer), ours (step.rl_step, train.py's step), grpo2 and gtpo2 "
+                   "(each trainer with num_iterations=2)")
     p.add_argument("--logprob_chunk", type=int, default=256, help="completion tokens per LM-head chunk")
     p.add_argument("--methods", default=None, help=f"step part: comma-separated subset of {','.join(STEP_METHODS)}")
     p.add_argument("--out", default="bench.json")

@@ -171,7 +171,8 @@ def probe_loss(cfg, device):
 def probe_trl(cfg, device):
     """One gtpo_trl.example_trainer run in this process: the wall time between consecutive
     optimizer steps, and for GTPO the seconds in what it adds (the <H>_i pass, the per-token
-    advantages). Every completion is forced to full length, so both methods do the same work."""
+    advantages). Every completion is forced to full length, so both methods do the same work.
+    cfg["num_iterations"]: TRL's, each generation trained that many optimizer steps."""
     import gtpo_trl
     from transformers import TrainerCallback
     added = {"entropy_pass": [], "advantages": []}
@@ -191,7 +192,8 @@ def probe_trl(cfg, device):
         def on_step_end(self, *a, **kw):
             ends.append(time.perf_counter())
     t = gtpo_trl.example_trainer(cfg["method"], cfg["steps"], cfg["out"], disable_tqdm=True,
-                                 generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"])
+                                 generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"],
+                                 num_iterations=cfg.get("num_iterations", 1))
     t.add_callback(StepEnds())
     t.train()
     return {"step_s": [b - a for a, b in zip(ends, ends[1:])], **{k: v[1:] for k, v in added.items()}}
@@ -299,17 +301,20 @@ def report_trl(args, res):
     for r in range(args.steps):
         for method in methods[r % len(methods):] + methods[:r % len(methods)]:
             with tempfile.TemporaryDirectory() as out:
-                got = in_child("ours" if method == "ours" else "trl", {"method": method, "steps": args.trl_steps,
-                                                                       "tokens": args.new_tokens, "out": out}, "cpu")
+                cfg = {"method": method.rstrip("2"), "steps": args.trl_steps, "tokens": args.new_tokens, "out": out,
+                       "num_iterations": 2 if method.endswith("2") else 1}
+                got = in_child("ours" if method == "ours" else "trl", cfg, "cpu")
             times[method] += got["step_s"]
             for k in added if method == "gtpo" else ():
                 added[k] += got[k]
             print(f"  round {r} {method}: steps {' '.join(f'{x:.2f}' for x in got['step_s'])} s", file=sys.stderr)
     med = {m: statistics.median(v) for m, v in times.items()}
-    part = {"median_step_s": med, "steps_timed": {m: len(v) for m, v in times.items()},
+    mean = {m: statistics.mean(v) for m, v in times.items()}
+    part = {"median_step_s": med, "mean_step_s": mean, "steps_timed": {m: len(v) for m, v in times.items()},
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **{f"gtpo_{k}_s": statistics.median(v) for k, v in added.items() if v}}
-    names = {"grpo": "GRPOTrainer", "gtpo": "GTPOTrainer", "ours": "step.rl_step"}
+    names = {"grpo": "GRPOTrainer", "gtpo": "GTPOTrainer", "ours": "step.rl_step", "grpo2": "GRPOTrainer "
+             "num_iterations=2", "gtpo2": "GTPOTrainer num_iterations=2"}
     print(f"\n6. TRL, embedded model, 8 completions x {args.new_tokens} tokens per step ({args.steps} runs of "
           f"{args.trl_steps} steps per method, medians of the steps after each run's first, seconds; "
           f"{part['cpu_capability']})")
@@ -318,6 +323,11 @@ def report_trl(args, res):
         part["overhead"] = med["gtpo"] / med["grpo"] - 1
         print(f"   GTPOTrainer over GRPOTrainer {part['overhead']:+.1%}; in GTPO's step: "
               + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
+    for m in ("grpo", "gtpo"):     # a generation serves two steps: their mean, as steps alternate with and without one
+        if m in mean and m + "2" in mean:
+            part[f"{m}_iterations_2_over_1"] = mean[m + "2"] / mean[m]
+            print(f"   {names[m]} num_iterations=2 / 1, mean step: {mean[m + '2']:.2f} / {mean[m]:.2f} s = "
+                  f"{part[f'{m}_iterations_2_over_1']:.3f}")
     if "ours" in med and "grpo" in med:
         part["ours_over_grpo_trainer"] = med["ours"] / med["grpo"]
         print(f"   step.rl_step / GRPOTrainer {part['ours_over_grpo_trainer']:.3f}")

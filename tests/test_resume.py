@@ -649,7 +649,7 @@ def test_two_ranks_give_the_update_of_one_for_every_loss_type(tmp_path, tiny_mod
     """Under torchrun (gloo), 2 ranks of one prompt each -- their completions 12 and 10 tokens long -- leave the
     gradients one process leaves with both prompts, for every loss type: dapo divides by the token count over
     all ranks (step.step_totals), not by each rank's own."""
-    loss_types = ["grpo", "dapo", "dr_grpo"]
+    loss_types = ["grpo", "dapo", "dr_grpo", "luspo"]        # bnpo is each rank's own token mean
     helper, out = tmp_path / "ddp_loss.py", tmp_path / "losses.json"
     helper.write_text(DDP_LOSS_HELPER.format(here=HERE))
     r = _torchrun(helper, [tiny_model_dir, str(out), *loss_types])

@@ -181,7 +181,7 @@ class _TwoRanks:
         return {"tokens": (values["tokens"] + self.other) / 2}
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "luspo"])   # bnpo: each rank's own mean
 def test_one_rank_and_two_ranks_give_the_same_update(tiny_model_dir, tiny_lm, monkeypatch, loss_type):
     """Two ranks of one prompt each, their gradients averaged as DDP averages them, equal one rank with both
     prompts, for every loss type: token-level (dapo) divides by the token count over all ranks."""

@@ -354,3 +354,24 @@ def test_disable_dropout_reaches_the_model(tiny_model_dir, tmp_path):
             reward_funcs=[lambda completions, **_: [0.0] * len(completions)])
         p = {m.p for m in t.model.modules() if isinstance(m, torch.nn.Dropout)}
         assert p == ({0} if disable else {0.3}), disable
+
+
+def options_table():
+    """docs/trl.md's table of GRPOConfig's options, made from OPTIONS."""
+    rows = ["| `GRPOConfig` option | with GTPO | acts on | what GTPOTrainer does with it |", "|---|---|---|---|"]
+    for name, o in OPTIONS.items():
+        if o.replaces is None:
+            verdict, what = "composes", o.gtpo
+        else:
+            verdict = ("refused: " + ", ".join(f"`{v}`" for v in o.refused) if o.refused else
+                       "refused unless " + " or ".join(f"`{v!r}`" for v in o.allowed))
+            what = (o.gtpo + "; " if o.gtpo != "refused" and not o.gtpo.startswith("refused ") else "") + \
+                f"would replace {o.replaces}"
+        rows.append(f"| `{name}` | {verdict} | {o.part} | {what} |".replace("<H>", "⟨H⟩"))
+    return "\n".join(rows)
+
+
+def test_the_pages_table_is_the_declaration():
+    """docs/trl.md's options table is OPTIONS, row for row (print(options_table()) writes it)."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "trl.md")) as f:
+        assert options_table() in f.read(), "docs/trl.md: replace the options table with tests/test_trl_options.options_table()"
