@@ -165,7 +165,8 @@ class Config:
     overwrite: bool = flag(False, "reuse an output_dir that holds another run: once this run has loaded, the old "
                            "one moves whole to <output_dir>.replaced, deleted at this run's first checkpoint",
                            group="run")
-    resume: bool = flag(False, "continue from the last checkpoint in output_dir", group="run")
+    resume: bool = flag(False, "continue from the last checkpoint in output_dir, with every setting its config.json "
+                        "records (a flag given beside it is a change: see --allow_changes)", group="run")
     allow_changes: str = flag("", "with --resume: recipe or objective settings that may differ from the run's "
                               "(comma-separated, e.g. lr,max_steps); recorded in config.json", group="run",
                               metavar="NAME,...")
@@ -307,13 +308,15 @@ def objective(values):
 
 
 def parse_args(argv=None, description=None):
-    """Command line -> a checked Config: flags given > --released_code's settings > the model's profile >
-    the paper's defaults; on --resume the objective's settings no flag chose are the run's own (resumed). A
-    flag the method never reads is said once, on stderr (rank 0 under torchrun)."""
+    """Command line -> a checked Config: flags given > on --resume the run's own settings (recorded_run) >
+    --released_code's settings > the model's profile > the paper's defaults. A flag the method never reads is
+    said once, on stderr (rank 0 under torchrun)."""
     given = vars(build_parser(description).parse_args(argv))
-    profile = PROFILES.get(given.get("model", Config.model), {})
-    released = gtpo.RELEASED if given.get("released_code") else {}
-    layers = {**profile, **released, **given}
+    run = recorded_run(given) if given.get("resume") else {}
+    chosen = {**run, **given}
+    profile = PROFILES.get(chosen.get("model", Config.model), {})
+    released = gtpo.RELEASED if chosen.get("released_code") else {}
+    layers = {**profile, **released, **chosen}
     cfg = Config(**{k: v for k, v in layers.items() if k not in OBJECTIVE},
                  objective=objective({k: v for k, v in layers.items() if k in OBJECTIVE}))
     before = record(cfg)
@@ -322,27 +325,37 @@ def parse_args(argv=None, description=None):
     if unused and os.environ.get("RANK", "0") == "0":
         print(f"note: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --use_{cfg.method}",
               file=sys.stderr)
-    kept = resumed(cfg, given.keys() | released.keys()) if cfg.resume else set()
     now = record(cfg)
-    cfg.sources = {n: "resume (the run's config.json)" if n in kept else "flag" if n in given
+    cfg.sources = {n: "flag" if n in given else "resume (the run's config.json)" if n in run
                    else "--released_code" if n in released else f"profile ({cfg.model})" if n in profile
                    else "setup (device, model, method)" if now[n] != before[n] else "default"
                    for n in ["method", *(name for name, _, _ in settings())]}
     return cfg
 
 
-def resumed(cfg, chosen):
-    """--resume: the objective's settings (and --released_code) that no flag chose are the run's own, as its
-    config.json records them (a setting it predates: gtpo.UNRECORDED's), whatever the defaults are now; cfg is
-    updated. -> their names. With no readable config.json, none: runs.prepare_output_dir says what is wrong."""
+# what one command says for itself: never read back from a run's config.json
+PER_INVOCATION = ("output_dir", "resume", "overwrite", "allow_changes", "print_config")
+
+
+def recorded_run(given):
+    """--resume: the run's settings as its config.json records them (the method, and every setting a flag gives
+    but PER_INVOCATION's), so that `--resume --output_dir RUN` alone continues it. A setting the run predates
+    reads as its declared unrecorded value (unrecorded()); one undeclared is left out, its default stands, and
+    runs.prepare_output_dir refuses it if it is part of the run's identity. {} when config.json cannot be read:
+    prepare_output_dir then says what is wrong."""
+    out = given.get("output_dir") or default_output_dir(*(given.get(k, getattr(Config, k))
+                                                          for k in ("method", "model", "dataset")))
     try:
-        old = {**unrecorded(), **read_json(os.path.join(cfg.output_dir, "config.json"))}
+        old = read_json(os.path.join(out, "config.json"))
     except (OSError, ValueError):
-        return set()
-    names = {n for n in [*OBJECTIVE, "released_code"] if n not in chosen}
-    cfg.objective = objective({**dataclasses.asdict(cfg.objective), **{n: old[n] for n in names & set(OBJECTIVE)}})
-    cfg.released_code = old["released_code"] if "released_code" in names else cfg.released_code
-    return names
+        return {}
+    declared = unrecorded()
+    names = [n for n in ["method", *(name for name, _, _ in settings())] if n not in PER_INVOCATION]
+    return {n: old[n] if n in old else declared[n] for n in names if n in old or n in declared}
+
+
+def default_output_dir(method, model, dataset):
+    return os.path.join("runs", f"{method}-{os.path.basename(model)}-{task_name(dataset)}")
 
 
 def config_table(cfg):
@@ -408,7 +421,7 @@ def finish(cfg):
     if cfg.gradient_checkpointing:
         cfg.share_prompt = False                        # checkpointed layers cannot keep a KV cache
     if cfg.output_dir is None:
-        cfg.output_dir = os.path.join("runs", f"{cfg.method}-{os.path.basename(cfg.model)}-{task_name(cfg.dataset)}")
+        cfg.output_dir = default_output_dir(cfg.method, cfg.model, cfg.dataset)
     return cfg
 
 

@@ -20,13 +20,16 @@ No printing, no logging.
 
 The completions are the policy's own output, so the reward bounds its cost on any text: the format
 check and answer extraction are linear-time scans; an answer longer than MAX_ANSWER_CHARS is
-wrong without being parsed; math-verify runs in a child process (LatexWorker) that is killed when
-one answer exceeds LATEX_TIMEOUT, and a batch stops calling it after LATEX_BATCH_SECONDS. Every
-answer refused so is scored wrong and counted (score's `counts`: "guarded"). The program's first
-child (importing math-verify, up to START_SECONDS) is setup and counts in neither bound.
+wrong without being parsed; math-verify runs in a child process (LatexWorker) that the kernel ends
+when one comparison has used LATEX_CPU_SECONDS of CPU, and a batch stops calling it once its
+comparisons have used LATEX_BATCH_CPU_SECONDS. Both bound the work a check does, not the time the
+machine takes to give it: a verdict is the same on a busy machine as on an idle one. Every answer
+refused so is scored wrong and counted (score's `counts`: "guarded"). A child's start (importing
+math-verify, up to START_SECONDS) is setup and counts in neither bound.
 """
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -47,9 +50,11 @@ TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 NUMERIC_TASKS = {"gsm8k", "aime24", "aime25", "amc23", "arithmetic", "arithmetic-hard"}
 LATEX_TASKS = {"math", "math500"}
 MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
-LATEX_TIMEOUT = 2.0             # seconds for one math-verify comparison, then its process is killed
-LATEX_BATCH_SECONDS = 8.0       # math-verify time per score() call; later answers are not compared
-START_SECONDS = 120.0           # the first math-verify process of a program: importing it
+LATEX_CPU_SECONDS = 2.0         # CPU seconds one math-verify comparison may use (RLIMIT_CPU: whole seconds above it)
+LATEX_BATCH_CPU_SECONDS = 8.0   # math-verify CPU seconds per score() call; later answers are not compared
+# a safety net only against a child that gets no CPU at all: one with 1/30 of a core reaches its CPU limit first
+LATEX_WALL_BACKSTOP = 30 * LATEX_CPU_SECONDS
+START_SECONDS = 120.0           # waiting for a math-verify process to import it: setup, in no bound
 
 
 def format_reward(completion):
@@ -128,29 +133,37 @@ def numbers_equal(pred, ref):
 # LaTeX answers (MATH) with math-verify
 
 def _serve():
-    """The child process (`python rewards.py --serve-latex`): one JSON [pred, ref] per stdin line, one
-    verdict line ("1" / "0") back, with math-verify, until stdin closes."""
-    logging.disable(logging.CRITICAL)              # math-verify logs whole inputs on its own timeouts
+    """The child process (`python rewards.py --serve-latex`): one JSON [pred, ref, cpu_seconds] per stdin line,
+    one line "<1 or 0> <CPU seconds used>" back, with math-verify, until stdin closes. Past cpu_seconds of CPU
+    in one comparison the kernel ends the process (RLIMIT_CPU's SIGXCPU, whatever sympy holds); math-verify's
+    own timeouts, wall-clock alarms that a busy machine would trip, are off."""
+    import resource
+    logging.disable(logging.CRITICAL)              # math-verify warns that its timeouts are off
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     cfg = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     print("ready", flush=True)
     for line in sys.stdin:
-        pred, ref = json.loads(line)
+        pred, ref, budget = json.loads(line)
+        start = time.process_time()                # user + system time, as RLIMIT_CPU counts it
+        limit = math.ceil(start + budget)
+        resource.setrlimit(resource.RLIMIT_CPU, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
         try:   # bare LaTeX ("\frac{1}{2}", "(3, \pi/2)"): boxed so that it is read whole
-            gold = parse(f"\\boxed{{{ref}}}", extraction_config=cfg, parsing_timeout=1)
-            target = parse(f"\\boxed{{{pred}}}", extraction_config=cfg, parsing_timeout=1)
+            gold = parse(f"\\boxed{{{ref}}}", extraction_config=cfg, parsing_timeout=None)
+            target = parse(f"\\boxed{{{pred}}}", extraction_config=cfg, parsing_timeout=None)
             same = (pred.strip() == ref.strip()) if not gold or not target else \
-                bool(verify(gold, target, timeout_seconds=1))
-        except Exception:                          # math-verify's own timeout / sympy errors
+                bool(verify(gold, target, timeout_seconds=None))
+        except Exception:                          # sympy errors
             same = False
-        print("1" if same else "0", flush=True)
+        print(f"{int(same)} {time.process_time() - start:.6f}", flush=True)
 
 
 class LatexWorker:
-    """math-verify in a child process, one per process that scores: compare() returns the verdict,
-    or None when it took longer than `timeout` (the child is then killed and later restarted).
-    A child, not a thread: big-integer arithmetic in sympy holds the GIL and ignores signals, so
-    only a process can be stopped, on any thread of the caller. A plain subprocess running this
+    """math-verify in a child process, one per process that scores: compare() returns the verdict and
+    the CPU seconds it took, or None when the comparison passed its CPU seconds (the kernel ends the
+    child, which is restarted at once). A child, not a thread: big-integer arithmetic in sympy holds
+    the GIL and ignores Python's signal handlers, so only a process can be stopped, on any thread of
+    the caller, and only a process has a CPU clock of its own. A plain subprocess running this
     file, not multiprocessing: nothing of the caller's program is imported again in it, so a script
     without a __main__ guard, `python -c`, a notebook or a TRL training script all score alike."""
 
@@ -195,43 +208,42 @@ class LatexWorker:
                 if not self._wait_ready(START_SECONDS):
                     raise RuntimeError("the math-verify worker process did not start")
 
-    def compare(self, pred, ref, timeout):
-        """The verdict, or None past `timeout` seconds; waiting for a restarted child counts in it."""
+    def compare(self, pred, ref, cpu_seconds):
+        """(the verdict, the CPU seconds charged). None past `cpu_seconds` of the child's CPU (charged whole),
+        or past LATEX_WALL_BACKSTOP seconds of waiting on a child that gets no CPU; the child is then restarted.
+        A restarted child's start is waited for (START_SECONDS) and charged nothing."""
         self.start()
         with self.lock:
             if (pred, ref) in self.cache:
-                return self.cache[pred, ref]
-            deadline = time.monotonic() + timeout
+                return self.cache[pred, ref], 0.0
             if self.proc.poll() is not None:
                 self._restart()
-            if not self._wait_ready(deadline - time.monotonic()):
-                return None
-            self.proc.stdin.write(json.dumps([pred, ref]) + "\n")
-            self.proc.stdin.flush()
-            got = self._line(deadline - time.monotonic())
-            if got not in ("0", "1"):
+            if not self._wait_ready(START_SECONDS):
+                return None, 0.0
+            try:
+                self.proc.stdin.write(json.dumps([pred, ref, cpu_seconds]) + "\n")
+                self.proc.stdin.flush()
+            except OSError:                                           # it ended since poll()
                 self._restart()
-                return None
+                return None, 0.0
+            got = (self._line(LATEX_WALL_BACKSTOP) or "").split()
+            if len(got) != 2 or got[0] not in ("0", "1"):             # ended by its CPU limit, or the backstop
+                self._restart()
+                return None, cpu_seconds
             if len(self.cache) >= self.cache_size:
                 self.cache.clear()
-            self.cache[pred, ref] = got == "1"
-            return self.cache[pred, ref]
+            self.cache[pred, ref] = got[0] == "1"
+            return self.cache[pred, ref], float(got[1])
 
 
 _WORKER = LatexWorker()
 
 
-def latex_equal(pred, ref, timeout=LATEX_TIMEOUT):
+def latex_equal(pred, ref, cpu_seconds=LATEX_CPU_SECONDS):
     """LaTeX-aware equivalence (fractions, \\dfrac, 0.5 vs \\frac12, intervals, \\text{} units,
-    ordered tuples) with math-verify, bounded by `timeout` seconds. Returns True / False, or None
-    when math-verify ran out of time: the caller counts it as wrong."""
-    if pred is None or not pred.strip():
-        return False
-    if numbers_equal(pred, ref):                         # fast path, also covers "1,000" vs "1000"
-        return True
-    if timeout <= 0:
-        return None
-    return _WORKER.compare(pred, ref, timeout)
+    ordered tuples) with math-verify, bounded by `cpu_seconds` of its CPU. Returns True / False, or None
+    when math-verify ran out of them: the caller counts it as wrong."""
+    return judge(pred, ref, "latex", cpu_seconds)[0]
 
 
 def comparison(task, ref):
@@ -246,16 +258,27 @@ def comparison(task, ref):
     return "numeric" if parse_number(ref) is not None else "latex"
 
 
-def answers_equal(pred, ref, task, timeout=LATEX_TIMEOUT):
+def answers_equal(pred, ref, task, cpu_seconds=LATEX_CPU_SECONDS):
     """Correctness test for one extracted answer (comparison(task, ref)): True / False, or None when
-    the answer was refused unparsed (longer than MAX_ANSWER_CHARS, or math-verify out of time)."""
+    the answer was refused unparsed (longer than MAX_ANSWER_CHARS, or math-verify out of CPU seconds)."""
+    return judge(pred, ref, task, cpu_seconds)[0]
+
+
+def judge(pred, ref, task, cpu_seconds=LATEX_CPU_SECONDS):
+    """answers_equal's verdict and the math-verify CPU seconds it took (0.0 without math-verify)."""
     if pred is None:
-        return False
+        return False, 0.0
     if len(pred) > MAX_ANSWER_CHARS:
-        return None
+        return None, 0.0
     if comparison(task, ref) == "numeric":
-        return numbers_equal(pred, ref)
-    return latex_equal(pred, ref, timeout)
+        return numbers_equal(pred, ref), 0.0
+    if not pred.strip():
+        return False, 0.0
+    if numbers_equal(pred, ref):                         # fast path, also covers "1,000" vs "1000"
+        return True, 0.0
+    if cpu_seconds <= 0:
+        return None, 0.0
+    return _WORKER.compare(pred, ref, cpu_seconds)
 
 
 def score(completions, answers, task, counts=None):
@@ -265,18 +288,19 @@ def score(completions, answers, task, counts=None):
     completions: list of N strings; answers: list of N reference answers (repeat each
     prompt's answer G times); task: see the module docstring.
     counts: a dict that gets "guarded" += the answers scored wrong unparsed (too long, or
-    math-verify out of time or past the batch's LATEX_BATCH_SECONDS).
+    math-verify out of CPU seconds, its own or the batch's LATEX_BATCH_CPU_SECONDS).
     """
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
     answers = [a if isinstance(a, str) else answer_text(a, f"answers[{i}]") for i, a in enumerate(answers)]
     fmt = torch.tensor([format_reward(c) for c in completions], dtype=torch.float32)
     if any(comparison(task, a) == "latex" for a in answers):
-        _WORKER.start()                                  # before the batch's clock starts
-    deadline, verdicts = time.monotonic() + LATEX_BATCH_SECONDS, []
+        _WORKER.start()                                  # setup: in no answer's CPU seconds
+    spent, verdicts = 0.0, []
     for c, a in zip(completions, answers):
-        left = min(LATEX_TIMEOUT, deadline - time.monotonic())
-        verdicts.append(answers_equal(extract_answer(c), a, task, timeout=left))
+        verdict, cpu = judge(extract_answer(c), a, task, min(LATEX_CPU_SECONDS, LATEX_BATCH_CPU_SECONDS - spent))
+        spent += cpu
+        verdicts.append(verdict)
     if counts is not None:
         counts["guarded"] = counts.get("guarded", 0) + sum(v is None for v in verdicts)
     cor = torch.tensor([CORRECT if v else 0.0 for v in verdicts], dtype=torch.float32)

@@ -253,18 +253,18 @@ def train(cfg, dist, stop):
                 checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
                 aside = release_aside(aside, log)
             if stopping:
-                return stopped(bar, k + 1, total, stop, log)
+                return stopped(bar, k + 1, total, stop, cfg.output_dir, log)
     finally:
         metrics.close()
     save_final(cfg, model, tok, params, dist, log)
     return 0
 
 
-def stopped(bar, n, total, stop, log):
+def stopped(bar, n, total, stop, out, log):
     """The loop's end on Ctrl-C or SIGTERM (any rank's), checkpoint-n saved: said, exit code 0."""
     bar.close()
     log(f"stopped after step {n} of {total} ({stop.signal or 'signal on another rank'}); "
-        f"checkpoint-{n} saved. Continue with the same command plus --resume")
+        f"checkpoint-{n} saved. Continue with: python train.py --resume --output_dir {out}")
     return 0
 
 

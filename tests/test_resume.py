@@ -44,7 +44,8 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
     """The demo's shape on the embedded model (its rewards vary, so GTPO really updates): 1 SFT warm-up step
     then 2 GTPO steps. Run a goes straight through: the warm-up's end is checkpoint-1, --save_steps 2 adds
     checkpoint-2, the Eq. 6 decision is logged. Run b is SIGKILLed after checkpoint-2 (its first GTPO step) is
-    written; the same command again is refused, --resume continues. Same final adapter, bit for bit. Each
+    written; the same command again is refused, `--resume --output_dir b` alone continues with the recipe its
+    config.json records (none of the flags retyped). Same final adapter, bit for bit. Each
     process has its own PYTHONHASHSEED, so the run is also one that no iteration order over strings
     (sets of names, dict keys from hashing) can steer."""
     common = ["--max_steps", "3", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "24",
@@ -68,7 +69,7 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
         f.write("partial")
     r = train_here("--output_dir", b, *common)
     assert r.returncode == 2 and "--resume" in r.stderr                # a run is there: resume it or move it
-    r = train_cli("--output_dir", b, "--resume", *common, env={"PYTHONHASHSEED": "2"})
+    r = train_cli("--output_dir", b, "--resume", env={"PYTHONHASHSEED": "2"})     # no flag retyped: config.json's
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
 

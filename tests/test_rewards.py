@@ -71,17 +71,44 @@ def test_parse_number_is_exact():
 # -----------------------------------------------------------------------------
 # LaTeX answers (math-verify)
 
-@pytest.mark.parametrize("pred,ref,ok", [
+LATEX_CASES = [
     ("\\dfrac{1}{2}", "\\frac12", True), ("0.5", "\\frac{1}{2}", True),
     ("(-\\infty, 3]", "(-\\infty,3]", True), ("[2,5)", "(2,5)", False),
     ("10\\text{ inches}", "10", True), ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
     ("(\\frac{\\pi}{2},3)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),   # ordered tuple
     ("\\sqrt{2}/2", "\\frac{\\sqrt2}{2}", True), ("2x+1", "1+2x", True),
     ("1", "10", False), ("x^2", "x^3", False), ("", "3", False),
-])
+]
+
+
+@pytest.mark.parametrize("pred,ref,ok", LATEX_CASES)
 def test_latex_equivalence(pred, ref, ok):
     assert latex_equal(pred, ref) is ok
     assert answers_equal(pred, ref, "math") is ok
+
+
+@pytest.mark.slow
+def test_verdicts_do_not_depend_on_load(monkeypatch):
+    """Every case above gets its verdict from a fresh math-verify process while 6 busy-loop processes per core
+    hold the machine (each ends itself after 2 minutes; the test ends them): the guard counts the child's CPU
+    seconds, not the wall clock. A hostile input is still cut off: None once it has used its CPU seconds."""
+    import time
+    import rewards
+    spin = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(6 * (os.cpu_count() or 2))]
+    monkeypatch.setattr(rewards, "_WORKER", rewards.LatexWorker())
+    try:
+        for pred, ref, ok in LATEX_CASES:
+            assert latex_equal(pred, ref) is ok, (pred, ref)
+        assert all(p.poll() is None for p in busy)                    # the load lasted through every verdict
+        t = time.perf_counter()
+        assert latex_equal("9^{9^{9^{9^{9}}}}", "5") is None
+        assert time.perf_counter() - t < rewards.LATEX_WALL_BACKSTOP
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        rewards._WORKER.proc.kill()
 
 
 def test_score_batch_api():
@@ -243,7 +270,7 @@ def test_fuzz_1000_hostile_completions():
     every batch of 24 within its bound (math: the batch budget + one timeout + a worker restart)."""
     import rewards
     assert _fuzz(1000, "gsm8k", seed=2) < 2.0
-    bound = rewards.LATEX_BATCH_SECONDS + rewards.LATEX_TIMEOUT + 15
+    bound = rewards.LATEX_BATCH_CPU_SECONDS + rewards.LATEX_CPU_SECONDS + 1 + 30     # + the restarted children's starts
     assert _fuzz(120, "math", seed=3) < bound
 
 
@@ -259,25 +286,26 @@ def test_tower_from_a_worker_thread_returns_within_the_bound():
     th = threading.Thread(target=lambda: box.append(score([wrap("9^{9^{9^{9^{9}}}}")], ["5"], "math", {})),
                           daemon=True)
     th.start()
-    th.join(rewards.LATEX_TIMEOUT + 60)
+    th.join(rewards.LATEX_CPU_SECONDS + 60)
     assert not th.is_alive() and box[0][2].item() == 0.0
-    assert time.perf_counter() - t < rewards.LATEX_TIMEOUT + 60
+    assert time.perf_counter() - t < rewards.LATEX_CPU_SECONDS + 60
 
 
 def test_the_math_verify_child_imports_no_torch():
-    """A child killed past LATEX_TIMEOUT is replaced at once, and the next answer's time counts its start:
-    the child runs rewards.py without torch (whose import alone can outlast LATEX_TIMEOUT), so the answer
-    after a timeout is still compared. It serves until stdin closes, then says what it imported."""
+    """A child ended past its CPU seconds is replaced at once, and the next answer waits for its start: the child
+    runs rewards.py without torch, so that start is short. It answers "<verdict> <CPU seconds>" per line and
+    serves until stdin closes, then says what it imported."""
     code = ("import runpy, sys; sys.argv = [sys.argv[1], '--serve-latex']; "
             "runpy.run_path(sys.argv[0], run_name='__main__'); print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, os.path.join(HERE, "rewards.py")], input='["0.5", "1/2"]\n',
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(HERE, "rewards.py")], input='["0.5", "1/2", 2.0]\n',
                          capture_output=True, text=True, env=ENV, timeout=120)
-    assert out.stdout.split() == ["ready", "1", "False"], out.stdout + out.stderr
+    ready, verdict, cpu, torch_imported = out.stdout.split()
+    assert (ready, verdict, torch_imported) == ("ready", "1", "False") and 0 <= float(cpu) < 2.0, out.stdout + out.stderr
 
 
 def slow_start_worker():
-    """A LatexWorker whose child waits 9 s (past LATEX_TIMEOUT and LATEX_BATCH_SECONDS) before importing
-    math-verify, as a first start may on a loaded machine."""
+    """A LatexWorker whose child waits 9 s (past LATEX_CPU_SECONDS and LATEX_BATCH_CPU_SECONDS, had they been
+    wall seconds) before importing math-verify, as a start may on a loaded machine."""
     import subprocess
     import sys
     import rewards
@@ -294,8 +322,8 @@ def slow_start_worker():
 
 @pytest.mark.slow
 def test_the_first_worker_start_counts_in_no_answers_time(monkeypatch):
-    """The program's first math-verify process is setup: a start slower than the per-answer and
-    per-batch bounds still scores the first answers (no `guarded`); a restart later counts."""
+    """A math-verify process's start is setup: one slower than the per-answer and per-batch bounds still scores
+    the first answers (no `guarded`), and so does one restarted later."""
     import rewards
     worker = slow_start_worker()
     monkeypatch.setattr(rewards, "_WORKER", worker)
@@ -304,7 +332,7 @@ def test_the_first_worker_start_counts_in_no_answers_time(monkeypatch):
     assert cor.item() == 10.0 and counts == {"guarded": 0}
     worker.proc.kill()
     worker.proc.wait()
-    assert rewards.latex_equal("\\sqrt{2}", "2^{1/2}", timeout=1.0) is None     # a restart: 9 s > 1 s
+    assert rewards.latex_equal("\\sqrt{2}", "2^{1/2}", cpu_seconds=1.0) is True    # a restart: 9 s, not charged
     worker.proc.kill()
 
 

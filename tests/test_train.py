@@ -228,6 +228,34 @@ def test_resume_reads_every_objective_setting_from_the_run(tmp_path):
     assert "weight_decay" not in unrecorded()
 
 
+def test_resume_reads_every_recorded_setting_without_flags(tmp_path):
+    """`--resume --output_dir RUN` alone continues a run made with non-default flags of every group: each setting
+    but what one command says for itself is the run's config.json's, its source says so, and nothing differs;
+    a flag given beside it is a change, refused unless --allow_changes names it."""
+    from config import PER_INVOCATION, config_table, identity_keys, parse_args, record, unrecorded
+    from runs import ConfigError, prepare_output_dir, write_json
+    out = str(tmp_path)
+    made = record(parse_args(["--use_grpo", "--beta", "0.04", "--sft_warmup_steps", "0", "--generation_size", "4",
+                              "--max_completion_length", "8", "--lora_rank", "8", "--lr", "3e-5", "--max_steps", "5",
+                              "--save_steps", "2", "--logprob_chunk", "64", "--no-share_prompt", "--output_dir", out,
+                              "--entropy_filter", "neg", "--temperature", "0.7", "--sample_every", "3"]))
+    write_json(str(tmp_path / "config.json"), made)
+    cfg = parse_args(["--resume", "--output_dir", out])
+    got = record(cfg)
+    assert {k: v for k, v in got.items() if k not in PER_INVOCATION + ("sources",)} == \
+        {k: v for k, v in made.items() if k not in PER_INVOCATION + ("sources",)}
+    assert all(cfg.sources[k] == "resume (the run's config.json)" for k in cfg.sources if k not in PER_INVOCATION)
+    assert prepare_output_dir(out, got, True, False, identity_keys(), (), unrecorded()) == {}
+    changed = record(parse_args(["--resume", "--output_dir", out, "--max_steps", "7"]))
+    with pytest.raises(ConfigError, match="max_steps: 5 there vs 7 now"):
+        prepare_output_dir(out, changed, True, False, identity_keys(), (), unrecorded())
+    assert prepare_output_dir(out, changed, True, False, identity_keys(), ("max_steps",), unrecorded()) == \
+        {"max_steps": (5, 7)}
+    table = config_table(parse_args(["--resume", "--output_dir", out, "--print_config"]))
+    assert any(line.split()[:2] == ["lora_rank", "8"] and line.endswith("resume (the run's config.json)")
+               for line in table.splitlines())
+
+
 def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
     from rollout import resolve_path
     assert [resolve_path("auto", d) for d in ("cuda", "cuda:1", "cpu", torch.device("cpu"))] == \
