@@ -371,12 +371,18 @@ def token_advantages(weights, n_conflict, advantages, o=DEFAULT):
     return per_token
 
 
-def filtered_stats(advantages, shaped, entropy):
-    """What delta_i removed (Eq. 6): (the share of the N completions whose nonzero advantage it zeroed, their mean
-    <H>_i in nats or 0.0). advantages (N,) before the gate, shaped (N,) after, entropy (N,) <H>_i."""
-    dropped = (shaped == 0) & (advantages != 0)                                      # (N,)
-    n = int(dropped.sum())
-    return dropped.float().mean().item(), (entropy.float() * dropped).sum().item() / max(n, 1)
+def filtered_stats(advantages, shaped, entropy, o=DEFAULT):
+    """What delta_i removed (Eq. 6), for a delta_i in [0, 1] that zeroes or scales: (the removed share,
+    sum_i (1 - delta_i) / N over the completions with A_i != 0; the mean <H>_i of what was removed, each weighted
+    by its 1 - delta_i, or 0.0). delta_i is read as shaped / ungated, ungated being o's shaped advantage without
+    the gate (shaped_advantages with gate "off"), so a hard gate counts the completions it zeroed.
+    advantages (N,) before the gate; shaped (N,) after it; entropy (N,) <H>_i; o: the Objective that shaped them."""
+    ungated = shaped_advantages(advantages, entropy, o, "off")                       # (N,)
+    active = (advantages != 0) & (ungated != 0)
+    delta = torch.where(active, shaped / torch.where(active, ungated, torch.ones_like(ungated)), 1.0)   # (N,)
+    removed = (1 - delta).clamp(0, 1) * active                                       # (N,) 1 - delta_i
+    total = removed.sum().item()
+    return removed.float().mean().item(), (entropy.float() * removed).sum().item() / total if total > 0 else 0.0
 
 
 # -----------------------------------------------------------------------------

@@ -234,7 +234,7 @@ def per_token_advantages(ids, mask, advantages, h, group_size, o, gate, own=None
     own = mask if own is None else own
     weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, advantages, group_size, o, own)   # (N, T) Eq. 5
     shaped = gtpo.shaped_advantages(advantages, h, o, gate)                         # (N,) Eq. 6-7
-    frac, h_dropped = gtpo.filtered_stats(advantages, shaped, h) if gate != "off" else (0.0, 0.0)
+    frac, h_dropped = gtpo.filtered_stats(advantages, shaped, h, o) if gate != "off" else (0.0, 0.0)
     ours = own.bool()
     metrics = {"gtpo/conflict_frac": conflict.sum().item() / max(ours.sum().item(), 1),
                "gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped,

@@ -199,7 +199,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     metrics.update(rl_metrics(cfg, sampled, total, formatting, correctness, mean_entropy, metrics.pop("loss")))
     metrics["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
     if gated is not None:
-        frac, dropped_entropy = gtpo.filtered_stats(adv, gated, mean_entropy) if cfg.gate != "off" else (0.0, 0.0)
+        frac, dropped_entropy = gtpo.filtered_stats(adv, gated, mean_entropy, cfg.objective) if cfg.gate != "off" else (0.0, 0.0)
         metrics.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": dropped_entropy})
     if cfg.method == "gtpo":
         metrics.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),

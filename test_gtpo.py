@@ -286,6 +286,22 @@ def test_filtered_stats_counts_only_what_the_gate_removed():
     assert gtpo.filtered_stats(A, entropy_gate(A, H, 2.0, 0.1, "all"), H) == (0.0, 0.0)
 
 
+def test_filtered_frac_and_entropy_count_a_soft_gates_share():
+    """A delta_i that scales (a variant's soft gate) instead of zeroing: filtered_frac is the sum of 1 - delta_i
+    over completions with A_i != 0, over N; filtered_entropy their <H>_i weighted by it. Hand-computed, for the
+    eq7 form (delta_i A_i) and the released one (delta_i (A_i - gamma <H>_i)); a hard gate's 0/1 gives the count."""
+    A = torch.tensor([1.0, -1.0, 2.0, 0.0, -0.5])
+    H = torch.tensor([0.2, 0.9, 1.5, 0.8, 0.4])
+    delta = torch.tensor([0.5, 1.0, 0.0, 0.25, 0.75])                  # row 3 has A = 0: nothing to remove
+    for o in (Objective(entropy_term="eq7"), Objective(entropy_term="released", ent_gamma=0.1)):
+        ungated = gtpo.shaped_advantages(A, H, o, "off")
+        frac, h = gtpo.filtered_stats(A, delta * ungated, H, o)
+        assert frac == pytest.approx((0.5 + 0.0 + 1.0 + 0.25) / 5)
+        assert h == pytest.approx((0.5 * 0.2 + 1.0 * 1.5 + 0.25 * 0.4) / 1.75)
+        hard = (delta > 0.6).float()                                    # rows 0 and 2 zeroed (3 has A = 0)
+        assert gtpo.filtered_stats(A, hard * ungated, H, o) == pytest.approx((2 / 5, (0.2 + 1.5) / 2))
+
+
 def test_entropy_filter_modes_drop_the_advantage_only():
     """Eq. 6 as written: delta_i * A_i; gamma does not enter the advantage (Eq. 7's term is the loss's)."""
     A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
