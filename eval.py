@@ -36,6 +36,7 @@ from plots import model_label, plot_main, plot_passk
 from rewards import answers_equal, extract_answer
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
+STOPPED = 130                   # the exit code of a command ended by Ctrl-C (128 + SIGINT), as shells give it
 
 
 # -----------------------------------------------------------------------------
@@ -150,11 +151,11 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
 
 
 def resumable_rows(path, records, n, per_call=1, log=print):
-    """Rows of an interrupted evaluation that can be kept: whole problems, in order, whose question
-    matches this dataset (a partly sampled last problem is sampled again; a torn last line, left by
-    a kill mid-write, is dropped with a notice). The kept problems end at a multiple of per_call
-    (problems per rollout call), so every later call batches the same problems as an
-    uninterrupted evaluation would."""
+    """Rows of an interrupted or finished evaluation that can be kept: whole problems, in order, whose
+    question matches this dataset (a partly sampled last problem is sampled again; a torn last line, left
+    by a kill mid-write, is dropped with a notice). Every problem when all are whole; otherwise the kept
+    problems end at a multiple of per_call (problems per rollout call): an unfinished call's problems are
+    drawn again in their call, so that every later call batches what an uninterrupted evaluation would."""
     rows = [obj for _, obj in read_jsonl(path, log_torn=log)]
     by_problem = {}
     for r in rows:
@@ -173,7 +174,9 @@ def resumable_rows(path, records, n, per_call=1, log=print):
                             f"use the same --dataset/--split/--limit or another --output_dir")
         keep += sorted(got, key=lambda r: r["sample"])
     whole = len(keep) // n
-    return keep[:(whole - whole % per_call) * n]
+    if whole < len(records):
+        whole -= whole % per_call
+    return keep[:whole * n]
 
 
 def rescore_rows(rows):
@@ -189,7 +192,9 @@ def summary(res):
     return (f"{res['dataset']}: {res['n_problems']} problems x n={res['n_samples']} | pass@{k0} "
             f"{res['pass@k'][k0]:.3f}  pass@{kk} {res['pass@k'][kk]:.3f}  "
             f"maj@{kk} {res['maj@k'][kk]:.3f} | format {res['format_rate']:.2f} | "
-            f"mean length {res['mean_length']:.1f} tokens")
+            f"mean length {res['mean_length']:.1f} tokens, "
+            f"{round(res['truncated_frac'] * res['n_problems'] * res['n_samples'])} of "
+            f"{res['n_problems'] * res['n_samples']} truncated at --max_completion_length")
 
 
 def read_rows(path):
@@ -425,12 +430,17 @@ def sampled(args):
         done = resumable_rows(samples_path, records, args.n_samples, max(1, args.batch_size // args.n_samples))
     os.makedirs(out, exist_ok=True)
     runs.write_json(os.path.join(out, "eval_args.json"), eval_args(args))
-    model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
-                                 pick_dtype(args.dtype, device))
-    args.rollout = pick_sampler(args, model, tok, records, example, device)
-    with open(samples_path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in done)
-        rows = sample_problems(model, tok, records, task, args, example, f, done)
+    results_path = os.path.join(out, "results.json")
+    if len(done) == len(records) * args.n_samples and os.path.isfile(results_path):
+        print(f"--resume: every problem of {out} is sampled; nothing to sample")
+        args.rollout, rows = runs.read_json(results_path).get("rollout", args.rollout), done
+    else:
+        model, tok = load_eval_model(args.model, args.adapter, device, args.load_in_4bit,
+                                     pick_dtype(args.dtype, device))
+        args.rollout = pick_sampler(args, model, tok, records, example, device)
+        with open(samples_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in done)
+            rows = sample_problems(model, tok, records, task, args, example, f, done)
     meta = {"model": args.model, "adapter": args.adapter, "rollout": args.rollout, "dataset": args.dataset,
             "split": args.split, "task": task,
             "temperature": args.temperature, "max_completion_length": args.max_completion_length,
@@ -462,7 +472,12 @@ def main(argv=None):
         return plot_main(args)
     if args.drift:
         return drift_main(args)
-    rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
+    try:
+        rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
+    except KeyboardInterrupt:
+        print(f"stopped (Ctrl-C): every whole problem sampled is in {args.output_dir}/samples.jsonl; continue with "
+              f"the same command plus --resume", file=sys.stderr)
+        return STOPPED
     if runs.is_training_run(out):                   # --rescore's folder, as sampled() checks its own
         raise DataError(f"{out!r} holds a training run; an evaluation never writes there: give --output_dir")
     n = len({r["sample"] for r in rows})

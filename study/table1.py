@@ -7,12 +7,15 @@ and AMC 2023 and maj@k on AMC 2023 from n = 64 samples a problem at temperature 
     python -m study.table1 ... --limit 2 --n_samples 4 --pass_k 1 2 4 --maj_k 2 4     # a small check
     python -m study.table1 ... --dry_run                                               # the eval.py commands
 
-Each (run, problem set) is one eval.py evaluation with --resume in <output_dir>/<label>/<set>/, so a killed
-command continues from its last whole problem; the table goes to <output_dir>/table1.md and table1.json.
+Each (run, problem set) is one eval.py evaluation with --resume in <output_dir>/<label>/<set>/: run again, the
+command samples nothing for a finished set and continues an interrupted one from its last whole problem (Ctrl-C
+stops it with one line). An output folder belongs to one adapter per label. The table goes to
+<output_dir>/table1.md and table1.json.
 """
 import argparse
 import gc
 import os
+import sys
 
 import eval as evaluate
 import runs
@@ -40,7 +43,10 @@ def eval_argv(args, adapter, problem_set, out):
 def ours(args, label, adapter, problem_set):
     """{(set, kind, k): percent} of one evaluation, sampled (or finished) by eval.py."""
     out = os.path.join(args.output_dir, label, problem_set)
-    if evaluate.main(eval_argv(args, adapter, problem_set, out)) != 0:
+    code = evaluate.main(eval_argv(args, adapter, problem_set, out))
+    if code == evaluate.STOPPED:
+        raise KeyboardInterrupt
+    if code != 0:
         raise RuntimeError(f"eval.py failed for {label} on {problem_set}")
     gc.collect()                                        # the model of this evaluation, before the next loads
     res = runs.read_json(os.path.join(out, "results.json"))
@@ -74,13 +80,14 @@ def table(rows, cols):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the base model of the runs (an alias, e.g. llama-8b, or a folder)")
     p.add_argument("--train_dataset", default="gsm8k", help="what the runs trained on (gsm8k or math): picks the "
                    "authors' rows")
-    p.add_argument("--authors_model", default=None, help="whose rows of the authors' table to show: llama-8b or "
-                   "qwen2.5-3b [default: --model], for a --model given as a folder")
+    p.add_argument("--authors_model", default=None, help="whose rows of the authors' table to show beside ours, "
+                   "whatever --model is (an alias, or a folder of the same weights): llama-8b or qwen2.5-3b "
+                   "[default: --model]")
     p.add_argument("--run", action="append", required=True, metavar="LABEL=ADAPTER",
                    help="a run to evaluate: its label (gtpo, grpo, sft match the authors' rows) and its final/ "
                         "folder, or 'none' for the base model; repeat for several")
@@ -103,12 +110,18 @@ def main(argv=None):
                 print("python eval.py " + " ".join(eval_argv(args, adapter, s, os.path.join(args.output_dir, label, s))))
         return 0
     cols = columns(args.pass_k, args.maj_k)
-    rows = []
-    for label, adapter in plan:
-        values = {}
-        for s in SETS:
-            values.update(ours(args, label, adapter, s))
-        rows.append((f"ours: {label}", values))
+    rows, done = [], 0
+    try:
+        for label, adapter in plan:
+            values = {}
+            for s in SETS:
+                values.update(ours(args, label, adapter, s))
+                done += 1
+            rows.append((f"ours: {label}", values))
+    except KeyboardInterrupt:
+        print(f"stopped (Ctrl-C) after {done} of {len(plan) * len(SETS)} evaluations; the same command again samples "
+              f"nothing for those and continues the next from its last whole problem", file=sys.stderr)
+        return evaluate.STOPPED
     who = args.authors_model or args.model
     theirs, source = authors(args.data_dir, who, args.train_dataset)
     rows += [(f"authors: {method} ({who}, {args.train_dataset})", v) for method, v in theirs.items()]

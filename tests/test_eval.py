@@ -244,6 +244,51 @@ def test_resume_keeps_whole_problems_and_refuses_other_flags(tmp_path):
         ev.resumable_rows(str(path), [{"question": "other", "answer": "1"}] + recs[1:], 2)
 
 
+def test_resume_keeps_every_finished_sample(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Rows marked after an evaluation survive its --resume: a finished evaluation samples nothing (no model is
+    loaded) and gives the same results; one that lost its last call's problem keeps every earlier problem (marked)
+    and samples that one again; one stopped inside a call keeps the calls before it, the call's finished problem
+    drawn again with the call's others (so every later call batches what an uninterrupted run would)."""
+    import models
+    out = tmp_path / "ev"
+    argv = ["--model", tiny_model_dir, "--limit", "3", "--n_samples", "2", "--batch_size", "4", "--one_shot_from",
+            "none", "--max_completion_length", "4", "--output_dir", str(out)]       # 2 problems a call: [0, 1], [2]
+    assert ev.main(argv) == 0
+    first = json.loads((out / "results.json").read_text())
+    samples = out / "samples.jsonl"
+
+    def mark(keep):
+        rows = [{**json.loads(line), "marked": True} for line in samples.read_text().splitlines()]
+        samples.write_text("".join(json.dumps(r) + "\n" for r in rows if r["problem"] in keep))
+
+    def resumed():
+        assert ev.main(argv + ["--resume"]) == 0
+        return {(r["problem"], r["sample"]): r.get("marked", False) for r in map(json.loads, samples.read_text().split("\n")[:-1])}
+    mark({0, 1, 2})
+    real = models.load_eval_model
+    monkeypatch.setattr(ev, "load_eval_model", lambda *a, **k: pytest.fail("a finished evaluation loaded a model"))
+    assert set(resumed().values()) == {True} and "nothing to sample" in capsys.readouterr().out
+    again = json.loads((out / "results.json").read_text())
+    assert {k: v for k, v in again.items() if k != "date"} == {k: v for k, v in first.items() if k != "date"}
+    monkeypatch.setattr(ev, "load_eval_model", real)
+    mark({0, 1})                                                        # killed in the last call
+    assert resumed() == {(0, 0): True, (0, 1): True, (1, 0): True, (1, 1): True, (2, 0): False, (2, 1): False}
+    mark({0})                                                           # killed inside the first call
+    assert set(resumed().values()) == {False}
+
+
+def test_ctrl_c_stops_an_evaluation_with_one_line(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ev, "sample_problems", interrupted)
+    out = tmp_path / "ev"
+    assert ev.main(["--model", tiny_model_dir, "--limit", "1", "--n_samples", "2", "--one_shot_from", "none",
+                    "--output_dir", str(out)]) == ev.STOPPED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"stopped (Ctrl-C): every whole problem sampled is in {out}/samples.jsonl; continue with the " \
+                      f"same command plus --resume"
+
+
 def test_loading_an_adapter_prints_no_warning(tiny_lm, tiny_model_dir, tmp_path):
     """eval.py --adapter loads a LoRA folder without transformers' deprecation warnings from PEFT,
     and the loaded adapter is the saved one."""

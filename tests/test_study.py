@@ -719,26 +719,38 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
 
 
 @pytest.mark.needs_data
-def test_table1_small_run_sets_ours_beside_the_authors_and_resumes(tmp_path, tiny_model_dir):
-    """study.table1 on the tiny model, 2 problems a set, n = 4, k <= 4: our rows for each run on AIME 2024, AIME 2025
-    and AMC 2023 beside the authors' rows for the model and training set, quoted from their file; run again after
-    a set lost its last problem (as a kill leaves it), only that problem is sampled again and the table is whole."""
+def test_table1_small_run_sets_ours_beside_the_authors_and_resumes(tmp_path, tiny_model_dir, capsys):
+    """study.table1 on the tiny model, 2 problems a set, n = 4 (a problem a rollout call), k <= 4: our rows for each run on AIME 2024, AIME 2025
+    and AMC 2023 beside the authors' rows for the model and training set, quoted from their file. Run again after
+    a set lost its last problem (as a kill leaves it), the rows marked in every set survive, only that problem is
+    sampled again and the table is whole; run again on the whole table, no model is loaded. Ctrl-C stops it with
+    one line."""
     import json
     from study import table1
     out = tmp_path / "t1"
     argv = ["--model", tiny_model_dir, "--run", "base=none", "--limit", "2", "--n_samples", "4", "--pass_k", "1", "4",
-            "--maj_k", "4", "--eval_flags", "--max_completion_length 4 --batch_size 8", "--output_dir", str(out)]
+            "--maj_k", "4", "--eval_flags", "--max_completion_length 4 --batch_size 4", "--output_dir", str(out)]
     assert table1.main(argv) == 0
     res = json.loads((out / "table1.json").read_text())
     assert [c[:2] for c in res["columns"]] == [[s, "pass"] for s in table1.SETS for _ in (1, 4)] + [["amc23", "maj"]]
     assert [r["name"] for r in res["rows"]] == ["ours: base"]            # a folder: no authors' rows for it
-    samples = out / "base" / "aime25" / "samples.jsonl"
-    rows = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert len(rows) == 8 and {r["problem"] for r in rows} == {0, 1}
-    samples.write_text("".join(json.dumps(r) + "\n" for r in rows if r["problem"] == 0))   # killed in problem 1
+    for s in table1.SETS:                                               # every row marked as the first run left it
+        f = out / "base" / s / "samples.jsonl"
+        rows = [{**json.loads(line), "marked": True} for line in f.read_text().splitlines()]
+        assert len(rows) == 8 and {r["problem"] for r in rows} == {0, 1}
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows if s != "aime25" or r["problem"] == 0))
     assert table1.main(argv + ["--authors_model", "llama-8b"]) == 0      # the authors' rows of a model they ran
-    again = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert again[:4] == rows[:4] and len(again) == 8                       # problem 0 kept, problem 1 sampled again
+    for s in table1.SETS:
+        again = [json.loads(line) for line in (out / "base" / s / "samples.jsonl").read_text().splitlines()]
+        assert len(again) == 8 and [r.get("marked", False) for r in again] == \
+            [True] * 4 + [s != "aime25"] * 4                            # aime25's problem 1 alone sampled again
+    import eval as evaluate
+    real_load = evaluate.load_eval_model
+    evaluate.load_eval_model = lambda *a, **k: pytest.fail("a finished set loaded a model")
+    try:
+        assert table1.main(argv + ["--authors_model", "llama-8b"]) == 0
+    finally:
+        evaluate.load_eval_model = real_load
     res = json.loads((out / "table1.json").read_text())
     names = [r["name"] for r in res["rows"]]
     assert names == ["ours: base", "authors: sft (llama-8b, gsm8k)", "authors: grpo (llama-8b, gsm8k)",
@@ -748,6 +760,20 @@ def test_table1_small_run_sets_ours_beside_the_authors_and_resumes(tmp_path, tin
     assert gtpo_row[res["columns"].index(["aime24", "pass", 1])] == 0.0
     md = (out / "table1.md").read_text()
     assert "their Table 1 (winstonsmith1897/GTPO" in md and "| ours: base |" in md
+    calls = []
+
+    def stopped_in_the_second(argv_):
+        calls.append(argv_)
+        return 0 if len(calls) == 1 else evaluate.STOPPED              # Ctrl-C during the second set
+    evaluate_main, evaluate.main = evaluate.main, stopped_in_the_second
+    try:
+        capsys.readouterr()
+        assert table1.main(argv) == evaluate.STOPPED
+    finally:
+        evaluate.main = evaluate_main
+    assert capsys.readouterr().err.splitlines() == ["stopped (Ctrl-C) after 1 of 3 evaluations; the same command "
+                                                    "again samples nothing for those and continues the next from its "
+                                                    "last whole problem"]
 
 
 @pytest.mark.needs_data
