@@ -24,33 +24,52 @@ def model_label(res):
     return f"{run}, {which} (step {step})" if step.isdigit() else f"{run}, {which}"
 
 
+def passk_labels(results):
+    """(title, one legend label per result): one problem set (dataset and problem count) -> its name, problem count
+    and samples in the title; several -> each label names its own, and the title says to compare a curve only with
+    curves of its set. A label that would repeat gets its results' place (#2, #3, ...)."""
+    def where(r):
+        return f"{r.get('dataset', '?')}, {r.get('n_problems', '?')} problems"
+    sets, ns = {where(r) for _, r in results}, {r.get("n_samples", "?") for _, r in results}
+    labels = [label + (f" ({where(r)})" if len(sets) > 1 else "") + (f", n={r.get('n_samples', '?')}" if len(ns) > 1
+                                                                      else "") for label, r in results]
+    unique = [lab if labels[:i].count(lab) == 0 else f"{lab} #{labels[:i].count(lab) + 1}" for i, lab in enumerate(labels)]
+    if len(sets) > 1:
+        return "different problem sets: compare a curve only with curves of its own set", unique
+    n = f", n = {ns.pop()} samples a problem" if len(ns) == 1 else ""
+    return f"{sets.pop()}{n}", unique
+
+
 def plot_passk(results, out_png):
-    """pass@k (solid) and maj@k (dashed) over k on a log-2 axis; results: [(label, results dict)]."""
+    """pass@k (solid) and maj@k (dashed) over k on a log-2 axis; results: [(label, results dict)]. The legend,
+    beside the axes, has one colour per result and the two line styles once."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    title, labels = passk_labels(results)
     fig, ax = plt.subplots(figsize=(6, 4))
-    top = 0.0
-    for i, (label, res) in enumerate(results):
+    top, handles = 0.0, []
+    for i, ((_, res), label) in enumerate(zip(results, labels)):
         ks = sorted(int(k) for k in res["pass@k"])
         col = f"C{i % 10}"
-        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, ms=4, label=f"{label} pass@k")
-        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, ms=8, mfc="none",   # hollow: visible
-                label=f"{label} maj@k")                                                      # where they coincide
+        ax.plot(ks, [res["pass@k"][str(k)] for k in ks], "o-", color=col, ms=4)
+        ax.plot(ks, [res["maj@k"][str(k)] for k in ks], "s--", color=col, ms=8, mfc="none")   # hollow: visible
+        handles.append(Line2D([], [], color=col, lw=2, label=label))                          # where they coincide
         top = max(top, *res["pass@k"].values(), *res["maj@k"].values())
+    handles += [Line2D([], [], color="k", marker="o", ms=4, label="pass@k"),
+                Line2D([], [], color="k", ls="--", marker="s", ms=8, mfc="none", label="maj@k")]
     ax.set_xscale("log", base=2)
     ks = sorted({int(k) for _, res in results for k in res["pass@k"]})
     ax.set_xticks(ks, [str(k) for k in ks])                                   # 1 2 4 8, not 2^0 2^1 ...
     ax.minorticks_off()
-    ax.set_title(", ".join(sorted({f"{r.get('dataset', '?')} (n={r.get('n_samples', '?')})" for _, r in results})),
-                 fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.set_xlabel("k")
     ax.set_ylabel("fraction of problems solved")
     ax.set_ylim(0, min(1.0, 1.15 * top + 0.02))                  # low scores stay readable
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+    fig.savefig(out_png, dpi=120, bbox_inches="tight")          # the legend beside the axes, not over the curves
     plt.close(fig)
 
 

@@ -305,6 +305,21 @@ def test_loading_an_adapter_prints_no_warning(tiny_lm, tiny_model_dir, tmp_path)
     assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
 
 
+def test_passk_plot_labels_different_problem_sets_and_repeats():
+    """--plot over evaluations of one set: its name, problem count and n in the title, one label per model; over
+    different sets or problem counts: each label names its set and the title says to compare within a set; a label
+    that would repeat is numbered."""
+    import plots
+    r = {"dataset": "gsm8k", "n_problems": 50, "n_samples": 8, "pass@k": {"1": 0.2, "8": 0.5}, "maj@k": {"1": 0.2, "8": 0.3}}
+    same = [("untrained m", r), ("run, final", dict(r))]
+    assert plots.passk_labels(same) == ("gsm8k, 50 problems, n = 8 samples a problem", ["untrained m", "run, final"])
+    mixed = [("run, final", r), ("run, final", {**r, "n_problems": 20}), ("run, final", {**r, "dataset": "math"})]
+    title, labels = plots.passk_labels(mixed)
+    assert title.startswith("different problem sets") and labels == [
+        "run, final (gsm8k, 50 problems)", "run, final (gsm8k, 20 problems)", "run, final (math, 50 problems)"]
+    assert plots.passk_labels([("a", r), ("a", r)])[1] == ["a", "a #2"]
+
+
 def test_plot_legend_says_trained_or_untrained():
     assert ev.model_label({"model": "smollm2-135m", "adapter": None}) == "untrained smollm2-135m"
     assert ev.model_label({"model": "smollm2-135m", "adapter": "runs/gtpo-smollm2-135m-arithmetic/final"}) == \
