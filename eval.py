@@ -151,11 +151,10 @@ def compute_results(rows, ks, seed, maj_subsets=2000):
 
 
 def resumable_rows(path, records, n, per_call=1, log=print):
-    """Rows of an interrupted or finished evaluation that can be kept: whole problems, in order, whose
-    question matches this dataset (a partly sampled last problem is sampled again; a torn last line, left
-    by a kill mid-write, is dropped with a notice). Every problem when all are whole; otherwise the kept
-    problems end at a multiple of per_call (problems per rollout call): an unfinished call's problems are
-    drawn again in their call, so that every later call batches what an uninterrupted evaluation would."""
+    """Rows of an evaluation that can be kept: whole problems, in order, whose question matches this dataset (a
+    torn last line, left by a kill mid-write, is dropped with a notice); all of them when every problem is whole,
+    else up to a multiple of per_call (problems per rollout call): an unfinished call is drawn again whole, so
+    every later call batches what an uninterrupted evaluation would."""
     rows = [obj for _, obj in read_jsonl(path, log_torn=log)]
     by_problem = {}
     for r in rows:
@@ -191,10 +190,9 @@ def summary(res):
     k0, kk = list(res["pass@k"])[0], list(res["pass@k"])[-1]
     return (f"{res['dataset']}: {res['n_problems']} problems x n={res['n_samples']} | pass@{k0} "
             f"{res['pass@k'][k0]:.3f}  pass@{kk} {res['pass@k'][kk]:.3f}  "
-            f"maj@{kk} {res['maj@k'][kk]:.3f} | format {res['format_rate']:.2f} | "
-            f"mean length {res['mean_length']:.1f} tokens, "
-            f"{round(res['truncated_frac'] * res['n_problems'] * res['n_samples'])} of "
-            f"{res['n_problems'] * res['n_samples']} truncated at --max_completion_length")
+            f"maj@{kk} {res['maj@k'][kk]:.3f} | format {res['format_rate']:.2f} | mean length "
+            f"{res['mean_length']:.1f} tokens, {round(res['truncated_frac'] * res['n_problems'] * res['n_samples'])} "
+            f"of {res['n_problems'] * res['n_samples']} truncated at --max_completion_length")
 
 
 def read_rows(path):
@@ -483,11 +481,9 @@ def main(argv=None):
     n = len({r["sample"] for r in rows})
     ks = ks or default_ks(n)
     res = {**{k: v for k, v in meta.items() if k not in ("pass@k", "maj@k", "date", "rescored_from")},
-           **compute_results(rows, ks, seed, args.maj_subsets), "seed": seed, "ks": ks,
-           "maj_subsets": args.maj_subsets,
-           "date": datetime.datetime.now().isoformat(timespec="seconds")}
-    if args.rescore:
-        res["rescored_from"] = args.rescore
+           **compute_results(rows, ks, seed, args.maj_subsets), "seed": seed, "ks": ks, "maj_subsets": args.maj_subsets,
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), **({"rescored_from": args.rescore}
+                                                                             if args.rescore else {})}
     os.makedirs(out, exist_ok=True)
     runs.write_json(os.path.join(out, "results.json"), res)
     plot_passk([(model_label(res), res)], os.path.join(out, "passk.png"))

@@ -5,8 +5,8 @@ one can be read next to its equation and tested on its own. Every setting of the
 field of Objective, declared once, and every function that reads one takes the Objective.
 
 What the objective does, and leaves out:
-  1. One iteration per batch of samples (Sec. 3): the ratio is exp(logp - logp.detach()) == 1, so there
-     is no PPO clip in GTPO and its gradient is Eq. 22. No KL term in GTPO (beta is GRPO's alone, Eq. 1).
+  1. One iteration per batch of samples (Sec. 3): ratio == 1, no clip, gradient Eq. 22 (several iterations with
+     the clip, or a KL term: GTPOTrainer on TRL's loss). Here beta is GRPO's alone (Eq. 1).
   2. lambda (Eq. 5) comes from the raw advantages' signs; completions with A_i = 0 neither have nor cause
      conflicts. A group whose rewards are all equal gets exactly 0 advantage (not a residue, not NaN).
   3. delta_i (Eq. 6) drops a completion's advantage term when <H>_i is above the threshold; the entropy
@@ -241,9 +241,8 @@ def conflict_spans(ids, mask, advantages):
 
 def conflict_weights(ids, mask, advantages, o=DEFAULT, counted=None):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21). ids (G, L) long, right-padded; mask (G, L),
-    true on real tokens; advantages (G,); counted (G, L) or None: the tokens the policy wrote, which n_conflict
-    counts (None: every real token; a tool's output inside a completion aligns positions but is not the
-    policy's) -> weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
+    true on real tokens; advantages (G,); counted (G, L): the policy's own tokens (not a tool's output), which
+    conflict and n_conflict count (None: all) -> weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
 
     * forward conflict at position p of completion i: the token ids[i, p] is at position p in some completion
       with A > 0 and in some with A < 0; backward: positions counted from each completion's own last token;
@@ -337,8 +336,8 @@ def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
     Listing 3 step 2; entropy_term "released"): the penalty folded into the advantage, <H>_i detached (gamma acts
     through d log pi, not dH/dtheta), and a filtered completion loses it with its advantage, so a step whose
     completions are all filtered has no gradient. Eq. 7 as written: entropy_filter + gtpo_loss(entropy=...).
-    advantages (N,), entropy (N,) = <H>_i; modes as entropy_filter. Conflict weights come from the raw
-    advantages: a small positive A_i can turn negative here and keep lambda = 2, as in the released code."""
+    advantages (N,), entropy (N,) = <H>_i; modes as entropy_filter. lambda comes from the raw A_i: one turned
+    negative here keeps lambda = 2, as in the released code."""
     entropy = entropy.detach().to(advantages.dtype)
     shaped = advantages - gamma * entropy
     drop = _filtered(advantages, entropy, threshold, mode)
@@ -372,11 +371,9 @@ def token_advantages(weights, n_conflict, advantages, o=DEFAULT):
 
 
 def filtered_stats(advantages, shaped, entropy, o=DEFAULT):
-    """What delta_i removed (Eq. 6), for a delta_i in [0, 1] that zeroes or scales: (the removed share,
-    sum_i (1 - delta_i) / N over the completions with A_i != 0; the mean <H>_i of what was removed, each weighted
-    by its 1 - delta_i, or 0.0). delta_i is read as shaped / ungated, ungated being o's shaped advantage without
-    the gate (shaped_advantages with gate "off"), so a hard gate counts the completions it zeroed.
-    advantages (N,) before the gate; shaped (N,) after it; entropy (N,) <H>_i; o: the Objective that shaped them."""
+    """What delta_i in [0, 1] removed (Eq. 6), zeroing or scaling: (sum_i (1 - delta_i) / N over completions with
+    A_i != 0; their mean <H>_i weighted by 1 - delta_i, or 0.0), delta_i = shaped / o's shaped advantage without the
+    gate. advantages (N,) before the gate, shaped (N,) after it, entropy (N,) <H>_i, o: the Objective that shaped."""
     ungated = shaped_advantages(advantages, entropy, o, "off")                       # (N,)
     active = (advantages != 0) & (ungated != 0)
     delta = torch.where(active, shaped / torch.where(active, ungated, torch.ones_like(ungated)), 1.0)   # (N,)
@@ -389,9 +386,8 @@ def filtered_stats(advantages, shaped, entropy, o=DEFAULT):
 # 4. aggregation: how per-token terms become the loss
 
 class Totals(NamedTuple):
-    """The step a micro-batch belongs to, which aggregate divides by: completions N, this rank's in the step (every
-    rank has as many); tokens, the step's real completion tokens ("dapo": over all ranks / ranks; "bnpo": this
-    rank's); max_length, L_max."""
+    """What aggregate divides a micro-batch's terms by: completions N (this rank's in the step, as many on every
+    rank); tokens, the step's ("dapo": all ranks' / ranks; else this rank's); max_length, L_max."""
     completions: float
     tokens: float
     max_length: float
@@ -403,8 +399,7 @@ def aggregate(per_token, mask, loss_type="grpo", per_seq=None, totals=None):
     aggregated as the value s_i on each of its |o_i| tokens; totals: the step this micro-batch is part of
     (Totals; None = this micro-batch alone).
         grpo     (1/N) sum_i [(1/|o_i|) sum_t l_{i,t} + s_i]       Eq. 7: token mean, then completions' mean
-        dapo     (1/T) sum_i [sum_t l_{i,t} + |o_i| s_i]           token-level (DAPO): every token alike
-        bnpo     the same, T this rank's tokens                    TRL: each micro-batch's own tokens
+        dapo     (1/T) sum_i [sum_t l_{i,t} + |o_i| s_i]           token-level (DAPO); bnpo: T this rank's tokens
         dr_grpo  (1/(N L_max)) sum_i [sum_t l_{i,t} + |o_i| s_i]   a constant length (Dr. GRPO)
         luspo    (1/N) sum_i [sum_t l_{i,t} + |o_i| s_i]           each completion's token sum (LUSPO)
     Returns this micro-batch's share of the step's loss: the micro-batches' shares add up to the step's, and,
@@ -439,11 +434,9 @@ def gtpo_loss(logprobs, mask, advantages, o=DEFAULT, entropy=None, totals=None):
     lambda_{i,t} A_i (token_advantages, after Eq. 6's filter); entropy (N,) = <H>_i with its gradient, or None.
         loss = -(1/N) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i],
         ratio = exp(logp - logp.detach())  (value 1, carries the gradient).
-    The entropy term is every completion's, filtered or not: delta_i multiplies the advantage term only
-    (Eq. 7); entropy=None leaves it out (the released form, gamma in the advantage). o.loss_type, totals: how
-    the terms are aggregated (aggregate); o.sum_completions sums the completions' terms (Listing 3: no 1/G).
-    Returns (loss, metrics).
-    """
+    The entropy term is every completion's, filtered or not (Eq. 7); entropy=None leaves it out (the released form).
+    o.loss_type, totals: the aggregation; o.sum_completions sums the completions' terms (Listing 3: no 1/G).
+    Returns (loss, metrics)."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - logprobs.detach())                 # (N, L) == 1
     per_token = -ratio * advantages                                 # (N, L)
@@ -463,13 +456,10 @@ def kl_k3(logprobs, ref_logprobs):
 
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, o=DEFAULT, entropy=None, totals=None):
     """GRPO loss, Eq. 1 (Shao et al. 2024), the baseline. Per token: -[min(r A, clip(r, 1-eps, 1+eps) A) -
-    beta * KL_k3], eps = o.clip_eps, beta = o.beta, r = exp(logp - old_logp), KL_k3 = kl_k3(logp, ref), aggregated
-    as o.loss_type says. old_logprobs=None is the one-iteration case (old = logp.detach(), r == 1);
-    ref_logprobs=None or beta=0 drops the KL term. entropy (N,) = <H>_i adds +gamma <H>_i per completion (GRPO +
-    filtering + gamma, App. 14).
-    logprobs, old_logprobs, ref_logprobs, mask (N, L); advantages (N,). Returns (loss, metrics): "kl" (with a
-    reference) and "clip_ratio/region_mean" (the share of tokens where the clipped arm is the minimum).
-    """
+    beta * KL_k3], eps = o.clip_eps, beta = o.beta, r = exp(logp - old_logp), aggregated as o.loss_type says.
+    old_logprobs=None: one iteration (r == 1); ref_logprobs=None or beta=0: no KL term; entropy (N,) = <H>_i adds
+    +gamma <H>_i per completion (GRPO + filtering + gamma, App. 14). logprobs, old_logprobs, ref_logprobs, mask
+    (N, L); advantages (N,). Returns (loss, metrics): "kl" (with a reference), "clip_ratio/region_mean"."""
     mask = mask.to(logprobs.dtype)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     ratio = torch.exp(logprobs - old)                               # (N, L)
