@@ -114,9 +114,13 @@ TRIALS = [(name, trial) for name, option in OPTIONS.items() if not isinstance(op
 @pytest.mark.parametrize("name,trial", TRIALS, ids=[f"{n}={t[n]}" for n, t in TRIALS])
 def test_composing_option_gives_grpos_result_with_gtpos_parts_off(tiny_model_dir, name, trial):
     """With the option set: GTPOTrainer with lambda = 1 (no conflicts), delta_i off and gamma 0 gives GRPOTrainer's
-    loss and gradients at each step (1e-5); with GTPO's defaults and conflicts it gives others; and the option
-    moves GTPOTrainer's result against the same run without it (it is not accepted and ignored)."""
-    _equal(_train(tiny_model_dir, "gtpo", **trial, **OFF)[:2], _train(tiny_model_dir, "grpo", **trial)[:2], name)
+    loss and gradients at each step (1e-5) and logs every metric it logs; with GTPO's defaults and conflicts it
+    gives others; and the option moves GTPOTrainer's result against the same run without it (it is not accepted
+    and ignored)."""
+    off, grpo = _train(tiny_model_dir, "gtpo", **trial, **OFF), _train(tiny_model_dir, "grpo", **trial)
+    _equal(off[:2], grpo[:2], name)
+    logged = [set(r[2].state.log_history[0]) for r in (off, grpo)]
+    assert logged[1] <= logged[0], logged[1] - logged[0]               # every metric TRL logs (clip ratios, ...)
     on = _train(tiny_model_dir, "gtpo", "shared", **trial)
     assert on[2].state.log_history[0]["gtpo/conflict_frac"] > 0
     assert _moved(on[:2], _train(tiny_model_dir, "grpo", "shared", **trial)[:2]), name
