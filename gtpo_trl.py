@@ -60,10 +60,12 @@ except ImportError as e:                                           # TRL is opti
 # -----------------------------------------------------------------------------
 # every GRPOConfig field that touches the loss: composes with GTPO, or (some values) refused
 
-SURROGATE = "the per-token surrogate min(r A_{i,t}, clip(r) A_{i,t}) that weighs each token by its own advantage (Eq. 7)"
+SURROGATE = ("the per-token surrogate min(r A_{i,t}, clip(r) A_{i,t}) that weighs each token by its own advantage "
+             "(Eq. 7)")
 ENTROPY = "the entropy term -gamma <H>_i (Eq. 7)"
-CLIP, KL, ADVANTAGE = "the PPO ratio and clip (Eq. 1)", "the KL term beta KL (Eq. 1)", "the reward and its advantage (Eq. 8)"
-MASKS, FORWARD = "which tokens reach the loss, and their weight", "the policy's forward"
+CLIP, KL = "the PPO ratio and clip (Eq. 1)", "the KL term beta KL (Eq. 1)"
+ADVANTAGE, MASKS = "the reward and its advantage (Eq. 8)", "which tokens reach the loss, and their weight"
+FORWARD = "the policy's forward"
 
 
 class Option(NamedTuple):
@@ -85,30 +87,34 @@ class Option(NamedTuple):
 
 def _refused_unless_default(part, replaces):
     """An option read only by a refused one (SAPO's and VESPO's constants, the adaptive entropy's bounds)."""
-    return lambda name: Option(part, "refused off its default", replaces, (GRPOConfig.__dataclass_fields__[name].default,))
+    return lambda name: Option(part, "refused off its default", replaces,
+                               (GRPOConfig.__dataclass_fields__[name].default,))
 
 
-_sapo, _vespo = _refused_unless_default("SAPO's surrogate", SURROGATE), _refused_unless_default("VESPO's surrogate", SURROGATE)
+_sapo = _refused_unless_default("SAPO's surrogate", SURROGATE)
+_vespo = _refused_unless_default("VESPO's surrogate", SURROGATE)
 _adaptive = _refused_unless_default("TRL's adaptive entropy bonus", ENTROPY)
 _two = {"num_iterations": 2}                      # a second pass over a generation: r != 1, so the clip can act
+_sync = {"beta": 0.5, "sync_ref_model": True, "ref_model_sync_steps": 1}     # the reference moves after step 1
 OPTIONS = {
     "num_iterations": Option(CLIP, "each generation is trained num_iterations times; the clip acts on every token's "
-                             "lambda-weighted advantage (one iteration, the paper's, makes r = 1: Eq. 22)", trials=(_two,)),
+                             "lambda-weighted advantage (one iteration, the paper's, makes r = 1: Eq. 22)",
+                             trials=(_two,)),
     "steps_per_generation": Option(CLIP, "a generation spread over several optimizer steps; r != 1 after the first",
                                    trials=({"per_device_train_batch_size": 4, "steps_per_generation": 2},)),
     "generation_batch_size": Option(CLIP, "as steps_per_generation",
                                     trials=({"per_device_train_batch_size": 4, "generation_batch_size": 8},)),
-    "epsilon": Option(CLIP, "the clip's range, on every token whatever its lambda", trials=({**_two, "epsilon": 0.01},)),
+    "epsilon": Option(CLIP, "the clip's range, on every token whatever its lambda",
+                      trials=({**_two, "epsilon": 0.01},)),
     "epsilon_high": Option(CLIP, "the clip's upper range (A_{i,t} > 0)", trials=({**_two, "epsilon_high": 0.01},)),
     "delta": Option(CLIP, "caps r from above (two-sided clip)", trials=({**_two, "delta": 1.01},)),
     "beta": Option(KL, "added to GTPO's per-token terms (the paper's GTPO has none: 0, the default)",
                    trials=({"beta": 0.5},)),
-    "use_bias_correction_kl": Option(KL, "as in GRPO", trials=({**_two, "beta": 0.5, "use_bias_correction_kl": False},)),
-    "sync_ref_model": Option(KL, "as in GRPO", trials=({"beta": 0.5, "sync_ref_model": True, "ref_model_sync_steps": 1},)),
-    "ref_model_sync_steps": Option(KL, "as in GRPO", trials=({"beta": 0.5, "sync_ref_model": True,
-                                                              "ref_model_sync_steps": 1},)),
-    "ref_model_mixup_alpha": Option(KL, "as in GRPO", trials=({"beta": 0.5, "sync_ref_model": True, "ref_model_sync_steps": 1,
-                                                               "ref_model_mixup_alpha": 0.1},)),
+    "use_bias_correction_kl": Option(KL, "as in GRPO",
+                                     trials=({**_two, "beta": 0.5, "use_bias_correction_kl": False},)),
+    "sync_ref_model": Option(KL, "as in GRPO", trials=({**_sync},)),
+    "ref_model_sync_steps": Option(KL, "as in GRPO", trials=({**_sync},)),
+    "ref_model_mixup_alpha": Option(KL, "as in GRPO", trials=({**_sync, "ref_model_mixup_alpha": 0.1},)),
     "num_generations": Option(ADVANTAGE, "G, the group GTPO compares completions in (Eq. 5)",
                               trials=({"num_generations": 2},)),
     "num_generations_eval": Option(ADVANTAGE, "G in evaluation; 1 gives every completion A_i = 0: no conflicts",
@@ -154,7 +160,8 @@ OPTIONS = {
     **{name: _vespo(name) for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
     "entropy_coef": Option("TRL's entropy bonus", "refused", ENTROPY, (0.0,)),
     "use_adaptive_entropy": Option("TRL's adaptive entropy bonus", "refused", ENTROPY, (False,)),
-    **{name: _adaptive(name) for name in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
+    **{name: _adaptive(name) for name in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
+                                          "entropy_target")},
 }
 # the rest of GRPOConfig acts before GTPO sees a completion (sampling, vLLM, the data) or beside it (logging)
 OUTSIDE_THE_LOSS = (
@@ -212,7 +219,8 @@ def gtpo_config(args, model):
         name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
         return GTPOConfig(f"{name.rstrip('/').split('/')[-1]}-GTPO")
     if not isinstance(args, GRPOConfig):
-        raise TypeError(f"GTPOTrainer: args must be a GTPOConfig (or a GRPOConfig to convert), got {type(args).__name__}")
+        raise TypeError(f"GTPOTrainer: args must be a GTPOConfig (or a GRPOConfig to convert), got "
+                        f"{type(args).__name__}")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(GRPOConfig) if f.init}
     given["generation_batch_size"] = None          # derived again from steps_per_generation, as GRPOConfig did
     converted = GTPOConfig(**given)
@@ -371,9 +379,9 @@ class GTPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _mean_entropy(self, out, own=None):
         """<H>_i (Sec. 4.2) of each completion under the current policy: the mean entropy of the tokens it wrote
-        (own (n, T); None: every completion token). Where every process holds whole parameters and the model's cache is a key/value one, the loop's
-        pass: each prompt once for its consecutive completions, the LM head in chunks
-        (gtpo_logprobs.sequence_logprobs). Otherwise -- an engine that shards them (_shards_parameters), or a model
+        (own (n, T); None: every completion token). Where every process holds whole parameters and the model's
+        cache is a key/value one, the loop's pass: each prompt once for its consecutive completions, the LM head in
+        chunks (gtpo_logprobs.sequence_logprobs). Otherwise -- an engine that shards them (_shards_parameters), or a model
         whose cache holds recurrent state (Mamba, linear attention) -- TRL's own no-grad forward in chunks of
         per_device_train_batch_size rows: it gathers sharded parameters the engine's way, and every process calls
         the model as often whatever its completions' lengths."""

@@ -142,6 +142,7 @@ def _serve():
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     cfg = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
     hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # SIGXCPU dumps core by default: none in the caller's folder
     print("ready", flush=True)
     for line in sys.stdin:
         pred, ref, budget = json.loads(line)
