@@ -259,6 +259,12 @@ def flat_groups_to_zero(advantages, rewards, group_size):
     return advantages.masked_fill(flat.repeat_interleave(group_size), 0.0)
 
 
+def own_tokens(batch):
+    """(n, T) the completion tokens the policy wrote: TRL's completion_mask without a tool's output (tool_mask)."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
+
+
 STATE_FILE = "gtpo_state.json"
 
 
@@ -289,8 +295,7 @@ class GTPOTrainer(GRPOTrainer):
         """TRL's loss on the per-token advantages (its clip, KL, masks, normalisation, MoE loss and metrics), plus
         Eq. 7's +gamma <H>_i with its gradient through TRL's entropies where entropy_term is "eq7", aggregated as
         the loss type says (_totals); sum_completions (loss_type "grpo") sums the completions' terms."""
-        o, mask = self.objective, inputs["completion_mask"]
-        own = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]    # (n, T) the policy's tokens
+        o, own = self.objective, own_tokens(inputs)                                 # (n, T)
         totals = self._totals(inputs, own)
         scale = totals.completions if o.sum_completions else 1.0                  # Listing 3: no 1/G
         loss = super()._compute_loss(model, {**inputs, "advantages": inputs["advantages"] * scale})
@@ -322,8 +327,7 @@ class GTPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
-        ids, mask = out["completion_ids"], out["completion_mask"]                   # (n, T) this process
-        own = mask if "tool_mask" not in out else mask * out["tool_mask"]          # tool output is not the policy's
+        ids, mask, own = out["completion_ids"], out["completion_mask"], own_tokens(out)   # (n, T) this process
         h = self._mean_entropy(out, own)                                            # (n,) <H>_i, no grad
         acc, pad = self.accelerator, self._tokenizer.pad_token_id                   # whole groups, all processes
         all_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=pad))

@@ -31,9 +31,12 @@ def passk_labels(results):
     def where(r):
         return f"{r.get('dataset', '?')}, {r.get('n_problems', '?')} problems"
     sets, ns = {where(r) for _, r in results}, {r.get("n_samples", "?") for _, r in results}
-    labels = [label + (f" ({where(r)})" if len(sets) > 1 else "") + (f", n={r.get('n_samples', '?')}" if len(ns) > 1
-                                                                      else "") for label, r in results]
-    unique = [lab if labels[:i].count(lab) == 0 else f"{lab} #{labels[:i].count(lab) + 1}" for i, lab in enumerate(labels)]
+    labels = []
+    for label, r in results:
+        label += f" ({where(r)})" if len(sets) > 1 else ""
+        label += f", n={r.get('n_samples', '?')}" if len(ns) > 1 else ""
+        labels.append(label)
+    unique = [lab if not labels[:i].count(lab) else f"{lab} #{labels[:i].count(lab) + 1}" for i, lab in enumerate(labels)]
     if len(sets) > 1:
         return "different problem sets: compare a curve only with curves of its own set", unique
     n = f", n = {ns.pop()} samples a problem" if len(ns) == 1 else ""
