@@ -50,7 +50,8 @@ class Arm:
     """One configuration's runs, <name>-s<seed>. flags: train.py's whole command line, None for runs this part
     reads but another part (or the first design) trained; start: the warm-up arm its runs start from, None for a
     warm-up; passes: the evaluations of each job, one job per pass; reuse: seed -> another part's run read in
-    this arm's place (not trained here)."""
+    this arm's place (not trained here); when: the outcome of its part's declared next-step rule under which it
+    runs (study/q10.py's next_step), None for an arm that always runs."""
     name: str
     label: str
     flags: list = None
@@ -58,6 +59,7 @@ class Arm:
     start: str = None
     passes: tuple = ((),)
     reuse: dict = field(default_factory=dict)
+    when: str = None
 
     def run_id(self, seed):
         return self.reuse.get(seed, f"{self.name}-s{seed}")
@@ -163,6 +165,53 @@ def q8_arms():
                                                         "auto"], Q7_SEEDS, "warmup-q8", Q7_EVALS),
             Arm("q8-nogamma", "GTPO, γ = 0", Q7_GTPO + ["--ent_gamma", "0"], Q7_SEEDS, "warmup-q8", Q7_EVALS),
             Arm("q8-grpo", "GRPO β=0, again from this warm-up", Q7_GRPO, again, "warmup-q8", Q7_EVALS)]
+
+
+# Q10: Eq. 7's gamma in Q6's collapse setting and Q7's learning setting, the default beside (part q10)
+Q10_COLLAPSE_SEEDS = Q6_SEEDS
+Q10_NEXT = {"0.001": "cost", "0.03": "no protection"}      # the next step's gamma -> the gamma 0.01 outcome it follows
+
+
+def q10_arms():
+    """Part 10: each seed's own warm-up in each setting; the default and Eq. 7 at gamma 0.01 where GRPO collapses,
+    Eq. 7 at gamma 0.01 and GRPO again (for pairs from one warm-up) where the model learns; the next step's gamma
+    in both settings (`when`: study/q10.py's next_step must name it); the runs read beside them."""
+    collapse, learn = Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7"], Q7_GTPO
+    step = [a for g in Q10_NEXT for a in (
+        Arm(f"q10-collapse-g{g}", f"GTPO, Eq. 7, γ {g}", collapse + ["--ent_gamma", g], Q10_COLLAPSE_SEEDS,
+            "warmup-q10-collapse", (("rung",),), when=g),
+        Arm(f"q10-learn-g{g}", f"GTPO, Eq. 7, γ {g}", learn + ["--ent_gamma", g], Q7_SEEDS, "warmup-q10-learn",
+            Q7_EVALS, when=g))]
+    return [Arm("warmup-q10-learn", "SFT warm-up, 32 steps", WARMUP_LONG, Q7_SEEDS),
+            Arm("warmup-q10-collapse", "SFT warm-up, 32 steps", WARMUP_LONG, Q10_COLLAPSE_SEEDS),
+            Arm("q10-learn-grpo", "GRPO β=0, from this warm-up", Q7_GRPO, Q7_SEEDS, "warmup-q10-learn", Q7_EVALS),
+            Arm("q10-learn-g0.01", "GTPO, Eq. 7, γ 0.01", learn + ["--ent_gamma", "0.01"], Q7_SEEDS,
+                "warmup-q10-learn", Q7_EVALS),
+            Arm("q10-collapse-released", "GTPO, released term, γ 0.1 (the default)",
+                Q6_FLAGS["gtpo"] + ["--entropy_term", "released"], Q10_COLLAPSE_SEEDS, "warmup-q10-collapse",
+                (("rung",),)),
+            Arm("q10-collapse-g0.01", "GTPO, Eq. 7, γ 0.01", collapse + ["--ent_gamma", "0.01"], Q10_COLLAPSE_SEEDS,
+                "warmup-q10-collapse", (("rung",),)),
+            *step, Arm("q6-grpo", "GRPO β=0"), Arm("q6-gtpo", "GTPO, Eq. 7, γ 0.1"), Arm("q7-grpo", "GRPO β=0 (Q7)"),
+            Arm("q7-gtpo", "GTPO, Eq. 7, γ 0.1"), Arm("q8-nogamma", "GTPO, γ 0"),
+            Arm("q7-released", "GTPO, released term, γ 0.1 (the default)")]
+
+
+def q10_tests():
+    """Part 10's family, Holm-adjusted together over the tests that have run: each gamma's protection (Q6's test
+    against Q6's GRPO) and cost (Q7's test against GRPO from the same warm-ups); the default's protection."""
+    def protects(name, label):
+        return Test("Q10", f"GRPO collapses more often than {label}", vs("q6-grpo", name), "collapsed",
+                    test="fisher", holm="q10", names=("GRPO", label))
+
+    def costs(name, label):
+        return Test("Q10", f"{label} above GRPO", vs(name, "q10-learn-grpo"), "id", test="sign-flip one-sided",
+                    holm="q10", names=(label, "GRPO"))
+    return [protects("q10-collapse-released", "the default (released, γ 0.1)"),
+            *(t for g in ("0.01", *Q10_NEXT) for t in (protects(f"q10-collapse-g{g}", f"Eq. 7 γ {g}"),
+                                                       costs(f"q10-learn-g{g}", f"Eq. 7 γ {g}"))),
+            Test("Q10", "host alone: GRPO here − GRPO in Q7", vs("q10-learn-grpo", "q7-grpo"), "id", sign=0,
+                 names=("GRPO here", "GRPO in Q7"))]
 
 
 # Q9's arms, each paired with its seed's warm-up evaluated (part q9)
@@ -284,6 +333,9 @@ PARTS = [
          tests=[Test("Q9", f"{label} − warm-up", vs(name, "warmup-q9"), metric, test="sign-flip one-sided",
                      holm=metric, names=(label, "warm-up"))
                 for metric in ("id", "ood") for name, label in Q9_ARMS]),
+    Part("q10", "Q10: which γ to use — Eq. 7's γ where GRPO collapses and where the model learns, and the default",
+         cost="Q10", order="seed", section="q10_lines", arms=q10_arms, tests=q10_tests(),
+         figures=[("q10.png", "plot_q10", {})]),
     Part("q5", "Q5: conflict tokens are mostly format tokens (Sec. 4.1)", section="conflict_lines"),
 ]
 
@@ -353,11 +405,13 @@ def part_jobs(p):
     runs_ = [a for a in arms if a.start is not None]
     seeds = sorted({s for a in arms for s in a.seeds})
 
-    def of(seed, k):
-        return [(a.run_id(seed), a.flags, seed, f"{a.start}-s{seed}", a.passes[k]) for a in runs_
+    def of(seed, k, arms_=tuple(a for a in runs_ if a.when is None)):
+        return [(a.run_id(seed), a.flags, seed, f"{a.start}-s{seed}", a.passes[k]) for a in arms_
                 if seed in a.seeds and seed not in a.reuse and k < len(a.passes)]
+    later = tuple(a for a in runs_ if a.when is not None)         # a declared next step: after every first run
     if p.order == "seed":
-        return [job for s in seeds for job in [w for w in warm if w[2] == s] + of(s, 0)]
+        return [job for s in seeds for job in [w for w in warm if w[2] == s] + of(s, 0)] + \
+            [job for s in seeds for job in of(s, 0, later)]
     return warm + [job for k in range(max((len(a.passes) for a in runs_), default=0)) for s in seeds
                    for job in of(s, k)]
 
