@@ -384,6 +384,9 @@ ANSWERS = [
     Answer("Q9", "RL raises pass@1 above the SFT warm-up it starts from (RL fine-tuning's premise)",
            LONG_SETTING + "; the warm-ups evaluated", "q9", "q9",
            ("warmup-q9", "q7-released", "q7-grpo", "q7-gtpo", "q8-nogamma"), outcome="gain_outcome"),
+    Answer("Q10", "(no claim on γ at this scale; Fig. 4 sweeps it) a γ for Eq. 7 that protects as in Q6 and costs "
+           "nothing as in Q7; does the default protect", RUNG_SETTING + " and " + LONG_SETTING + "; γ 0.01, then one "
+           "declared step", "q10", "q10", outcome="q10_outcome"),
 ]
 
 

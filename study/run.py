@@ -15,6 +15,7 @@ running step finish and save. From the repository root:
 
     python -m study.run --shard 0/2 & python -m study.run --shard 1/2 & wait   # two workers, one thread each
     python -m study.run --threads 1 --only q7-released,q8- --seeds 1 &         # one part, one worker per seed
+    python -m study.run --part q10                    # one part: two one-thread workers, then the report
     python -m study.run --list                        # the table and how far each run is
     python -m study.run --report                      # tables + plots from the committed files (study/report.py)
 
@@ -37,8 +38,8 @@ import torch
 
 import runs
 from data import read_jsonl
-from study.plan import (BEST_WINDOW, EVAL_COMMON, EVALS, KEEP, KL_PROBE, STUDY, collapse_step, earlier_rungs_pending,
-                        jobs, load, pilot_skipped)
+from study.plan import (BEST_WINDOW, EVAL_COMMON, EVALS, KEEP, KL_PROBE, PARTS, STUDY, arm, collapse_step,
+                        earlier_rungs_pending, jobs, load, part, part_jobs, pilot_skipped)
 
 HERE = os.path.dirname(STUDY)                          # the repository root, where train.py runs
 WORK = os.path.join(HERE, "runs", "study")             # big files, never committed
@@ -352,6 +353,8 @@ def run_all(shard, only=(), threads=None, seeds=()):
             return
         run_id, flags, seed, start, evals = todo[0]
         done.add((run_id, evals))
+        if not_chosen(run_id):
+            continue
         while earlier_rungs_pending(run_id) and not pilot_skipped(run_id):      # the other worker's
             print(f"{run_id} waits for the earlier rungs' GRPO runs", flush=True)
             time.sleep(30)
@@ -359,6 +362,40 @@ def run_all(shard, only=(), threads=None, seeds=()):
             continue            # a warm-up's final/ is rebuilt when missing: later runs start from it
         out = train(run_id, flags, seed, start, shard, threads)
         evaluate(run_id, out, evals, shard, threads)
+
+
+def not_chosen(run_id):
+    """A next-step arm (plan.Arm.when) runs only once its part's declared rule has chosen it (study.q10.next_step);
+    until then, and when the rule chose otherwise, its jobs are not run."""
+    from study.q10 import next_step
+    a = arm(run_id.rsplit("-s", 1)[0])
+    return bool(a and a.when) and next_step() != a.when
+
+
+def run_part(key, workers):
+    """One part, resumable: its first runs on `workers` one-thread workers, each taking every workers-th seed of the
+    part's order (a seed's warm-up and runs back to back in one worker); then the runs its declared next step
+    chose (plan.Arm.when), the same way; then the report. Ctrl-C stops every worker after its running step."""
+    p = part(key)
+    seeds = list(dict.fromkeys(job[2] for job in part_jobs(p)))
+    trained = [a for a in p.arm_list() if a.flags and a.start]
+    for step in ("first", "next"):
+        names = [a.name for a in trained if (a.when is None) == (step == "first") and not not_chosen(f"{a.name}-s0")]
+        if not names:
+            continue
+        procs = [subprocess.Popen([sys.executable, "-m", "study.run", "--threads", "1", "--only", ",".join(names),
+                                   "--seeds", ",".join(map(str, seeds[k::workers]))], cwd=HERE)
+                 for k in range(workers)]                 # Ctrl-C reaches each worker too: it saves and stops
+        try:
+            failed = [proc.wait() for proc in procs]
+        except KeyboardInterrupt:
+            for proc in procs:
+                proc.wait()
+            print("stopped: each worker saved what it had; run the same command again to continue")
+            return 130
+        if any(failed):
+            return 1
+    return subprocess.call([sys.executable, "-m", "study.report"], cwd=HERE)
 
 
 def status():
@@ -395,6 +432,9 @@ def main(argv=None):
                    "worker takes a seed's warm-up and every run that starts from it)")
     p.add_argument("--threads", type=int, default=None, help="threads per worker [default: cores / N]")
     p.add_argument("--report", action="store_true", help="only the tables and plots, from study/")
+    p.add_argument("--part", default="", metavar="KEY", help="run one part of study/plan.py on --workers one-thread "
+                   "workers (its declared next step after its first runs), then the report (e.g. q10)")
+    p.add_argument("--workers", type=int, default=2, help="workers for --part [default: 2]")
     args = p.parse_args(argv)
     try:
         k, n = (int(x) for x in args.shard.split("/"))
@@ -403,6 +443,10 @@ def main(argv=None):
         p.error(f"--shard {args.shard!r}: give K/N with 0 <= K < N, e.g. 0/2")
     if args.list:
         return status()
+    if args.part:
+        if args.part not in {q.key for q in PARTS}:
+            p.error(f"--part {args.part!r}: study/plan.py has {', '.join(q.key for q in PARTS)}")
+        return run_part(args.part, max(1, args.workers))
     if not args.report:
         try:
             run_all((k, n), [x for x in args.only.split(",") if x], args.threads,

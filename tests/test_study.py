@@ -794,3 +794,109 @@ def test_fig4_panels_change_exactly_what_they_ablate():
             assert {k for k in base if base[k] != got[k]} - {"output_dir", "sources"} == changes, (panel, run)
             assert " ".join(argv) in page, (panel, run)
     assert len({" ".join(a) for p in fig4.PANELS for _, a in fig4.commands(p)}) == 17
+
+
+def test_q10_arms_change_only_what_part_10_declares():
+    """docs/study.md part 10: each seed's own warm-up (the committed command); where GRPO collapses, Q6's GTPO flags
+    with the released term or Eq. 7 at gamma 0.01; where the model learns, Q7's GTPO flags at gamma 0.01 and Q7's
+    GRPO flags again; the next step's gammas after every first-step run, each evaluated in its training's job."""
+    from config import parse_args
+    jobs = plan.part_jobs(plan.part("q10"))
+    first = [j for j in jobs if not (plan.arm(j[0].rsplit("-s", 1)[0]).when)]
+    assert jobs[:len(first)] == first and len(jobs) == len(first) + 4 * 8
+    assert [j[0] for j in first[:3]] == ["warmup-q10-learn-s1", "q10-learn-grpo-s1", "q10-learn-g0.01-s1"]
+    for run_id, flags, seed, start, evals in jobs:
+        name = run_id.rsplit("-s", 1)[0]
+        if start is None:
+            assert flags == plan.WARMUP_LONG and name in ("warmup-q10-learn", "warmup-q10-collapse")
+            continue
+        o = parse_args([*flags, "--seed", str(seed)]).objective
+        if "collapse" in name:
+            assert seed in plan.Q6_SEEDS and start == f"warmup-q10-collapse-s{seed}" and evals == ("rung",)
+            assert flags[:len(plan.Q6_FLAGS["gtpo"])] == plan.Q6_FLAGS["gtpo"]
+            want = ("released", 0.1) if name.endswith("released") else ("eq7", float(name.split("-g")[1]))
+        else:
+            assert seed in plan.Q7_SEEDS and start == f"warmup-q10-learn-s{seed}" and evals == plan.Q7_EVALS[0]
+            if name == "q10-learn-grpo":
+                assert flags == plan.Q7_GRPO
+                continue
+            assert flags[:len(plan.Q7_GTPO)] == plan.Q7_GTPO
+            want = ("eq7", float(name.split("-g")[1]))
+        assert (o.entropy_term, o.ent_gamma) == want and o.entropy_filter == "auto", run_id
+    assert {plan.arm(n).when for n in ("q10-collapse-g0.001", "q10-learn-g0.001")} == {"0.001"}
+
+
+def _q10_runs(folder, collapsed, id_pass1):
+    """Hand-made Q10 runs: collapsed {arm: seeds that collapse (of Q6's 8)}; id_pass1 {arm: 8 ID pass@1 values}."""
+    from study import q10
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "rewards/accuracy": 0.0, "entropy": 0.3,
+             "grad_norm": 0.2} for k in range(1, 101)]
+    broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if r["step"] > 60 else {})) for r in calm]
+    for name, bad in collapsed.items():
+        for s in plan.Q6_SEEDS:
+            d = folder / plan.arm(name).run_id(s)
+            d.mkdir(exist_ok=True)
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (broke if s in bad else calm)))
+            (d / "eval-rung.json").write_text(json.dumps({"pass@k": {"1": 0.0}, "format_rate": 0.5}))
+    for name, values in id_pass1.items():
+        for s, v in zip(plan.Q7_SEEDS, values):
+            d = folder / f"{name}-s{s}"
+            d.mkdir(exist_ok=True)
+            (d / "metrics.jsonl").write_text("".join(json.dumps(dict(r, step=k)) + "\n" for k, r in
+                                                     enumerate(calm * 2, 1)))
+            for ev in ("id", "ood"):
+                (d / f"eval-{ev}.json").write_text(json.dumps({"pass@k": {"1": v}, "format_rate": 1.0,
+                                                               "mean_length": 40.0}))
+    return q10
+
+
+@pytest.mark.parametrize("c001, cost, step, head", [
+    ((), 0.45, "stop", "use `--entropy_term eq7 --ent_gamma 0.01`"),        # protects (0 of 8), no drop
+    ((), 0.30, "0.001", None),                                                 # protects and costs
+    ((21, 22, 23, 24), 0.45, "0.03", None),                                    # no protection, no cost
+    ((21, 22, 23, 24), 0.30, "stop", "no γ tried does both"),                  # costs and does not protect
+    ((21,), [0.45] * 6 + [0.30] * 2, "0.03", None),                            # each p <= 0.05 alone, not with Holm
+])
+def test_q10_next_step_and_answer_follow_the_declared_rule(tmp_path, monkeypatch, c001, cost, step, head):
+    """docs/study.md part 10: protection is Q6's Fisher test against Q6's GRPO (6 of 8 collapse), cost Q7's one-sided
+    sign-flip test against GRPO from the same warm-ups, Holm over the default's and gamma 0.01's three tests; the
+    rule's step, and what a user reads once the runs it needs are in."""
+    committed_in(tmp_path, monkeypatch)
+    grpo = {"q6-grpo": (21, 22, 23, 24, 25, 26), "q10-collapse-released": (21, 22, 23)}
+    q10 = _q10_runs(tmp_path, grpo, {"q10-learn-grpo": [0.40] * 8})
+    assert q10.next_step() is None and q10.answer().startswith("not finished")
+    cost = cost if isinstance(cost, list) else [cost] * 8
+    _q10_runs(tmp_path, {"q10-collapse-g0.01": c001}, {"q10-learn-g0.01": cost})
+    assert q10.next_step() == step
+    if head is None:
+        assert q10.answer() == f"not finished: the rule's next step, γ {step}, is not all evaluated"
+        assert not study.not_chosen(f"q10-learn-g{step}-s1") and study.not_chosen("q10-learn-g0.001-s1") == \
+            (step != "0.001")
+        return
+    assert study.not_chosen("q10-learn-g0.001-s1") and study.not_chosen("q10-collapse-g0.03-s21")
+    said = q10.answer()
+    assert said.startswith(head + (" (it protects and no drop in ID pass@1 is detected) —" if "use" in head else " —"))
+    default = said.split("; the default ")[1]                # 6 of 8 vs 3 of 8: one-sided Fisher p = 1800/11440
+    assert default.startswith("(released term, γ 0.1) does not protect: it collapses in 3 of 8 seeds against GRPO's "
+                              "6 (Holm p = ") and float(default[-6:-1]) >= round(1800 / 11440, 3)
+
+
+def test_q10_holm_spans_the_whole_family_once_the_next_step_has_run(tmp_path, monkeypatch):
+    """After the second step the verdicts are Holm-adjusted over all five tests; the rule's step was taken over the
+    first three; the section shows the chosen step's tests and not the other's; the figure is drawn."""
+    committed_in(tmp_path, monkeypatch)
+    q10 = _q10_runs(tmp_path, {"q6-grpo": (21, 22, 23, 24, 25, 26), "q10-collapse-released": (21, 22, 23),
+                               "q10-collapse-g0.01": (), "q10-collapse-g0.001": (21,)},
+                    {"q10-learn-grpo": [0.40] * 8, "q10-learn-g0.01": [0.30] * 8, "q10-learn-g0.001": [0.41] * 8})
+    assert q10.next_step() == "0.001"
+    (_, _, rule, lines), = q10.q10_lines(plan.part("q10"))
+    text = "\n".join(lines)
+    # Fisher one-sided against GRPO's 6 of 8: 0 of 8 28/8008, 1 of 8 232/11440, 3 of 8 1800/11440; sign-flip 8 of 8
+    # one way 1/256. Holm over the five: 5 x 28/8008 = 0.0175 for the three smallest, 2 x 232/11440, then 0.157
+    assert rule.startswith("use `--entropy_term eq7 --ent_gamma 0.001` (it protects and no drop in ID pass@1 is "
+                           "detected) — γ 0.001: collapses in 1 of 8 seeds against GRPO's 6 (Holm p = 0.041), ID pass@1 "
+                           "+0.010 against GRPO (Holm p = 0.017); γ 0.01: collapses in 0 of 8 seeds against GRPO's 6 "
+                           "(Holm p = 0.017), ID pass@1 -0.100 against GRPO (Holm p = 0.017); the default")
+    assert "Eq. 7 γ 0.03" not in text and "- Eq. 7 γ 0.001 above GRPO: holds" in text
+    assert "| Eq. 7, γ 0.001 | 1 of 8 | 0.000 / 50 | 0.410 (8) | 100 | 0.410 | Q10 / Q10 |" in text
+    assert figures.plot_q10(str(tmp_path / "q10.png"), plan.part("q10")) and (tmp_path / "q10.png").stat().st_size
