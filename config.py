@@ -8,6 +8,7 @@ the paper's recipe and the objective first; a misspelt flag or field fails.
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import math
 import os
 import sys
@@ -20,10 +21,11 @@ from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
 from models import ALIASES
 from rollout import PATHS
 from gtpo import AT_LEAST_0, FINITE_AT_LEAST_0
-from runs import ConfigError, read_json
+from runs import LOGGERS, ConfigError, read_json
 
 GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objective (Eq. 1, 5-8)",
           "run": "the run: data, output, resume, logging",
+          "eval": "held-out evaluation during the run (eval.py's sampling and scoring)",
           "memory": "memory and speed (the same update, computed differently)",
           "cpu": "CPU sampling path (--rollout shared; cpu_rollout.py)"}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Adam (Listing 1)
@@ -176,7 +178,23 @@ class Config:
     save_steps: int = flag(500, "checkpoint every N steps", group="run", check=AT_LEAST_1)
     sample_every: int = flag(10, "write the first group's completions to samples.jsonl every N steps", group="run",
                              check=AT_LEAST_0)
-    report_to: str = flag("none", "also log to Weights & Biases", group="run", choices=["none", "wandb"])
+    report_to: str = flag("none", "also log every row to these, comma-separated: wandb, tensorboard (events in "
+                          "<output_dir>/runs), trackio (each an optional package, TRL's names) or none", group="run",
+                          metavar="NAME,...")
+    # ---- held-out evaluation during the run (heldout.py: eval.py's own sampling and scoring)
+    eval_steps: int = flag(None, "evaluate the policy on held-out problems at RL's start, every N steps and at the last "
+                           "step; 0 = never [default: --save_steps where the dataset has --eval_split; never for a "
+                           ".jsonl file without --eval_dataset]", group="eval", type=int, check=AT_LEAST_0)
+    eval_limit: int = flag(64, "held-out problems per evaluation: the first N of the split", group="eval",
+                           check=AT_LEAST_1)
+    eval_n_samples: int = flag(4, "completions per held-out problem (pass@k for k = 1, 2, 4, ... up to it)",
+                               group="eval", check=AT_LEAST_1)
+    eval_split: str = flag("test", "the held-out split of --eval_dataset (arithmetic: test, hard, reworded)",
+                           group="eval")
+    eval_dataset: str = flag(None, "the held-out problems' dataset [default: the training dataset; a .jsonl training "
+                             "file needs one of its own]", group="eval", type=str, metavar="DATASET")
+    save_best: bool = flag(False, "keep the adapter of the step with the highest held-out pass@1 in <output_dir>/best",
+                           group="eval")
     print_config: bool = flag(False, "print every setting, its value and where it came from (flag, --released_code, "
                               "profile, default, setup), then exit without loading anything", group="run")
     # ---- memory and speed
@@ -407,6 +425,13 @@ def finish(cfg):
         raise ConfigError(f"--one_shot with your own file {cfg.dataset!r}: say which worked example the prompt shows: "
                           f"--one_shot_from {cfg.dataset} (its first record, then not trained on), --one_shot_from "
                           f"gsm8k (a built-in dataset's), or --no-one_shot")
+    loggers = [n for n in cfg.report_to.split(",") if n not in ("", "none")]
+    for name in loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"--report_to {cfg.report_to}: {name!r} is none of {', '.join(LOGGERS)} (or none)")
+        if importlib.util.find_spec(name) is None:
+            raise ConfigError(f"--report_to {name}: the {name} package is not installed; pip install {name}, or "
+                              f"leave {name} out of --report_to")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues the run in --output_dir and --overwrite replaces it: give one of them")
     unknown = {k for k in cfg.allow_changes.split(",") if k} - set(identity_keys())

@@ -4,7 +4,7 @@ import os
 import torch
 
 import runs
-from data import DataError, format_prompt
+from data import DataError, format_prompt, load_task
 from gtpo import kl_k3, masked_mean
 from gtpo_logprobs import sequence_logprobs
 from models import load_eval_model
@@ -39,3 +39,22 @@ def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cp
         points.append({"step": step, "kl": float(kl), "tokens": int(ro.completion_mask.sum())})
         print(f"step {step}: KL to the start {points[-1]['kl']:.4f} over {points[-1]['tokens']} tokens", flush=True)
     return points
+
+
+def drift_main(args, one_shot):
+    """eval.py --drift: the KL of each checkpoint to the run's start -> results.json in --output_dir. one_shot:
+    eval.py's rule for the worked example the prompts show."""
+    if not os.path.isfile(os.path.join(args.drift, "config.json")):
+        raise DataError(f"--drift {args.drift!r}: not a training run's folder (no config.json)")
+    cfg = runs.read_json(os.path.join(args.drift, "config.json"))
+    records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
+    _, example = one_shot(args, cfg["model"])
+    points = drift(args.drift, records, example, args.n_samples, args.max_completion_length or
+                   cfg["max_completion_length"], args.seed, args.device or "cpu", args.drift_steps)
+    out = args.output_dir or os.path.join(args.drift, "eval-kl")
+    os.makedirs(out, exist_ok=True)
+    runs.write_json(os.path.join(out, "results.json"), {
+        "points": points, "estimator": "k3, completions sampled from each checkpoint (temperature 1)",
+        "problems": len(records), "samples_per_problem": args.n_samples, "start": cfg["init_from"]})
+    print(f"results in {os.path.join(out, 'results.json')}")
+    return 0

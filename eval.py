@@ -28,12 +28,13 @@ import torch
 import rewards
 import runs
 from runs import ConfigError
-from data import DataError, format_prompt, load_task, longest_prompt, one_shot_example, read_jsonl, task_name
+from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
 from config import check_device
-from drift import drift
+from drift import drift_main
 from models import ModelError, load_eval_model, pick_dtype
 from plots import model_label, plot_main, plot_passk
 from rewards import answers_equal, extract_answer
+from rollout import pick_sampler
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 STOPPED = 130                   # the exit code of a command ended by Ctrl-C (128 + SIGINT), as shells give it
@@ -203,39 +204,10 @@ def read_rows(path):
 # -----------------------------------------------------------------------------
 # 2. sampling
 
-def pick_sampler(args, model, tok, records, example, device, log=print):
-    """--rollout auto on CUDA: the kept merged copy (merged_rollout.py) when sampling with it held fits the
-    device (memory.sampling_card at this evaluation's rows and longest prompt), else `generate`;
-    elsewhere rollout.py's own auto. Said in one line. With the merged copy, its decode loop is sized once
-    for the most rows of a call and the longest prompt: one compiled shape for the whole evaluation."""
-    cuda_auto = args.rollout == "auto" and torch.device(device).type == "cuda"
-    if not (cuda_auto or args.rollout == "merged"):
-        return args.rollout
-    longest = longest_prompt(tok, records, example)
-    rows = min(max(1, args.batch_size // args.n_samples), len(records)) * min(args.n_samples, args.batch_size)
-    sampler = args.rollout
-    if cuda_auto:
-        import memory
-        peft = getattr(model, "peft_config", {}).get("default")
-        s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
-                            dtype_bytes=model.get_input_embeddings().weight.element_size(),
-                            batch_size=max(1, args.batch_size // args.n_samples),
-                            generation_size=min(args.n_samples, args.batch_size), prompt_tokens=longest,
-                            completion_tokens=args.max_completion_length, sampler="merged")
-        need = memory.sampling_card(model.config, s)
-        have = memory.HEADROOM * torch.cuda.get_device_properties(device).total_memory
-        sampler = "merged" if need <= have else "generate"
-        log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
-            f"{have / 1e9:.1f}, {memory.HEADROOM:.0%} of the card)")
-    if sampler == "merged":
-        import merged_rollout
-        merged_rollout.reserve(model, rows, longest, args.max_completion_length)
-    return sampler
-
-
-def sample_problems(model, tok, records, task, args, example, out_f, rows=()):
+def sample_problems(model, tok, records, task, args, example, out_f, rows=(), share=(0, 1), show=True):
     """n completions per record, `--batch_size` completions per rollout call; rows to out_f.
-    `rows`: complete problems already sampled (--resume), which are skipped."""
+    `rows`: complete problems already sampled (--resume), which are skipped. share (rank, ranks): this process
+    samples every ranks-th call from the rank-th; a call draws the same samples whichever process runs it."""
     from tqdm import tqdm
     from rollout import rollout
     n, B = args.n_samples, args.batch_size
@@ -243,8 +215,10 @@ def sample_problems(model, tok, records, task, args, example, out_f, rows=()):
     chunk = min(n, B)                                       # one problem split over calls
     rows = list(rows)
     first = len(rows) // n
-    bar = tqdm(total=len(records), initial=first, desc=f"eval {task}", dynamic_ncols=True)
+    bar = tqdm(total=len(records), initial=first, desc=f"eval {task}", dynamic_ncols=True, disable=not show)
     for s in range(first, len(records), per_call):
+        if (s // per_call) % share[1] != share[0]:
+            continue
         torch.manual_seed(args.seed + s)                    # a call's samples depend on seed and position only,
         group = list(enumerate(records[s:s + per_call], s))  # so --resume reproduces an uninterrupted run
         prompts = [format_prompt(tok, r["question"], example) for _, r in group]
@@ -283,13 +257,17 @@ def parse_args(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     count, at_least_1, positive = checked(int, AT_LEAST_0), checked(int, AT_LEAST_1), checked(float, POSITIVE)
-    a("--model", default="smollm2-135m", help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id")
+    run = " [default: with --adapter a training run's folder, the run's own; else %s]"
+    a("--model", default=None, help="alias (llama-8b, qwen2.5-3b, smollm2-135m), local folder or Hub id"
+      + run % "smollm2-135m")
     a("--adapter", default=None, help="a training run's final/ or checkpoint-N/ folder (LoRA or full weights)")
-    a("--dataset", default="arithmetic", help="gsm8k, math, math500, aime24, aime25, amc23, arithmetic, or a .jsonl path")
-    a("--task", default="auto", choices=["auto", "numeric", "latex"],
-      help="how answers are compared (train.py's --task): auto = the dataset's own")
-    a("--split", default="test", help="dataset split (default test)")
-    a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl (default $GTPO_DATA_DIR, then the Hub)")
+    a("--dataset", default=None, help="gsm8k, math, math500, aime24, aime25, amc23, arithmetic, or a .jsonl path"
+      + run.replace("own", "held-out set (its --eval_dataset)") % "arithmetic")
+    a("--task", default=None, choices=["auto", "numeric", "latex"],
+      help="how answers are compared (train.py's --task): auto = the dataset's own" + run % "auto")
+    a("--split", default=None, help="dataset split" + run.replace("own", "--eval_split") % "test")
+    a("--data_dir", default=None, help="folder with <dataset>/<split>.jsonl [default: the run's --data_dir, then "
+      "$GTPO_DATA_DIR, then the Hub]")
     a("--limit", type=count, default=None, help="evaluate the first N problems only")
     a("--n_samples", type=at_least_1, default=8, help="completions per problem (paper: 32; 64 for AIME)")
     a("--k", type=at_least_1, nargs="+", default=None, help="k values (default: powers of 2 up to n_samples)")
@@ -305,9 +283,10 @@ def parse_args(argv=None):
       help="sampler, as train.py's: auto = on CUDA the merged copy when it fits the device, else generate; on "
            "CPU the shared-prompt decode loop")
     a("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if available)")
-    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=False, help="4-bit NF4 weights (slow on CPU)")
-    a("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-      help="weights dtype (auto = bf16 on a CUDA GPU that has it, else fp32)")
+    a("--load_in_4bit", action=argparse.BooleanOptionalAction, default=None,
+      help="4-bit NF4 weights (slow on CPU)" + run % "off")
+    a("--dtype", choices=["auto", "float32", "bfloat16"], default=None,
+      help="weights dtype (auto = bf16 on a CUDA GPU that has it, else fp32)" + run % "auto")
     a("--output_dir", default=None, help="default runs/eval-<model>-<dataset>[-<adapter run>]")
     a("--overwrite", action="store_true", help="replace results already in --output_dir")
     a("--resume", action="store_true", help="finish an interrupted evaluation in --output_dir (same flags)")
@@ -322,7 +301,29 @@ def parse_args(argv=None):
       "checkpoint, on --limit problems x --n_samples completions (results.json)")
     a("--drift_steps", type=int, nargs="+", default=None, metavar="STEP",
       help="with --drift: only these checkpoints (0 = the start; default: the start and every scheduled one)")
-    return p.parse_args(argv)
+    return with_run_defaults(p.parse_args(argv))
+
+
+# a setting not given -> (the training run's config.json key it then reads, eval.py's own default)
+RUN_DEFAULTS = {"model": ("model", "smollm2-135m"), "dataset": ("eval_dataset", "arithmetic"),
+                "split": ("eval_split", "test"), "task": ("task", "auto"), "data_dir": ("data_dir", None),
+                "load_in_4bit": ("load_in_4bit", False), "dtype": ("dtype", "auto")}
+
+
+def with_run_defaults(args):
+    """The settings not given: where --adapter is a training run's folder (the run, its final/ or a checkpoint-N/),
+    the run's own -- its base model, 4-bit and dtype, and its held-out problems (train.py --eval_dataset,
+    --eval_split; the training dataset where the run predates them) -- as train.py's in-run evaluation reads them;
+    else eval.py's defaults."""
+    where = args.adapter and next((d for d in (args.adapter, os.path.dirname(os.path.abspath(args.adapter)))
+                                   if os.path.isfile(os.path.join(d, "config.json")) and runs.is_training_run(d)), None)
+    cfg = runs.read_json(os.path.join(where, "config.json")) if where else {}
+    if cfg.get("eval_dataset") is None:
+        cfg.pop("eval_dataset", None)
+    for name, (key, default) in RUN_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, cfg.get(key, cfg.get("dataset", default) if key == "eval_dataset" else default))
+    return args
 
 
 def rescored(args):
@@ -446,30 +447,12 @@ def sampled(args):
     return rows, meta, ks, seed, out
 
 
-def drift_main(args):
-    """--drift: the KL of each checkpoint to the run's start -> results.json in --output_dir."""
-    if not os.path.isfile(os.path.join(args.drift, "config.json")):
-        raise DataError(f"--drift {args.drift!r}: not a training run's folder (no config.json)")
-    cfg = runs.read_json(os.path.join(args.drift, "config.json"))
-    records = load_task(args.dataset, args.split, args.data_dir)[:args.limit]
-    _, example = one_shot(args, cfg["model"])
-    points = drift(args.drift, records, example, args.n_samples, args.max_completion_length or
-                   cfg["max_completion_length"], args.seed, args.device or "cpu", args.drift_steps)
-    out = args.output_dir or os.path.join(args.drift, "eval-kl")
-    os.makedirs(out, exist_ok=True)
-    runs.write_json(os.path.join(out, "results.json"), {
-        "points": points, "estimator": "k3, completions sampled from each checkpoint (temperature 1)",
-        "problems": len(records), "samples_per_problem": args.n_samples, "start": cfg["init_from"]})
-    print(f"results in {os.path.join(out, 'results.json')}")
-    return 0
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.plot or args.curves or args.render:
         return plot_main(args)
     if args.drift:
-        return drift_main(args)
+        return drift_main(args, one_shot)
     try:
         rows, meta, ks, seed, out = rescored(args) if args.rescore else sampled(args)
     except KeyboardInterrupt:

@@ -129,24 +129,22 @@ def write_json(path, obj):
 
 
 class MetricsLog:
-    """metrics.jsonl (one row per step, flushed) and samples.jsonl, and with wandb=True the same rows
-    to Weights & Biases; only rank 0 writes."""
+    """metrics.jsonl (one row per step, flushed) and samples.jsonl, and the same rows to each logger --report_to
+    names (open_logger); only rank 0 writes. first_step: the step a resumed run continues after (TensorBoard
+    drops what it logged later)."""
 
-    def __init__(self, out, enabled, wandb=False, config=None):
+    def __init__(self, out, enabled, report_to="none", config=None, first_step=0):
         self.out = out
         self.f = open(os.path.join(out, "metrics.jsonl"), "a") if enabled else None
-        self.wandb = None
-        if wandb and enabled:
-            import wandb as wb
-            wb.init(project="gtpo", config=config, resume="allow")
-            self.wandb = wb
+        names = [n for n in report_to.split(",") if n not in ("", "none")]
+        self.loggers = [open_logger(n, out, config, first_step) for n in names] if enabled else []
 
     def write(self, row, step=None):
         if self.f:
             self.f.write(json.dumps(row) + "\n")
             self.f.flush()
-        if self.wandb:
-            self.wandb.log(row, step=step)
+        for log, _ in self.loggers:
+            log(row, step)
 
     def samples(self, rows):
         if self.f:
@@ -157,6 +155,36 @@ class MetricsLog:
         if self.f:
             self.f.close()
             self.f = None
+        for _, close in self.loggers:
+            close()
+        self.loggers = []
+
+
+LOGGERS = ("wandb", "tensorboard", "trackio")         # --report_to's names, TRL's; each an optional package
+
+
+def open_logger(name, out, config, first_step=0):
+    """(log(row, step), close()) of one --report_to logger: Weights & Biases (project gtpo), TensorBoard (event
+    files in <out>/runs) or Trackio (project gtpo, the run named after its folder; a local store unless set up
+    otherwise). TensorBoard and Trackio take the rows' numbers; wandb the whole row."""
+    def numbers(row):
+        return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if name == "wandb":
+        import wandb
+        wandb.init(project="gtpo", config=config, resume="allow")
+        return (lambda row, step: wandb.log(row, step=step)), wandb.finish
+    if name == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(os.path.join(out, "runs"), purge_step=first_step + 1 if first_step else None)
+
+        def log(row, step):
+            for k, v in numbers(row).items():
+                writer.add_scalar(k, v, step)
+            writer.flush()
+        return log, writer.close
+    import trackio
+    trackio.init(project="gtpo", name=os.path.basename(os.path.abspath(out)), config=config, resume="allow")
+    return (lambda row, step: trackio.log(numbers(row), step=step)), trackio.finish
 
 
 def truncate_log(path, step, log=print):
@@ -284,7 +312,7 @@ def resume(out, model, optimizer, scheduler, dist, log=print):
         state = restore(ckpt, model, optimizer, scheduler, dist)
         log(f"resumed from {ckpt} at step {state['step']}")
     if dist.main:
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
             truncate_log(os.path.join(out, name), state["step"], log)
     return state
 

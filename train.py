@@ -18,6 +18,7 @@ import time
 
 import torch
 
+import heldout
 import merged_rollout
 import step
 from config import (BETAS, ConfigError, check_device, config_table, identity_keys, parse_args, record,
@@ -203,6 +204,7 @@ def train(cfg, dist, stop):
     log, parsed = print if dist.main else (lambda *a, **k: None), record(cfg)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = training_records(cfg, log)                # a bad data file fails before anything loads
+    cfg, held = heldout.plan(cfg, records, log)         # so do held-out problems that cannot be read
     changes = prepare_output_dir(cfg.output_dir, parsed, cfg.resume, cfg.overwrite, identity_keys(),
                                  cfg.allow_changes.split(","), unrecorded()) if dist.main else {}
     dist.barrier()
@@ -222,12 +224,14 @@ def train(cfg, dist, stop):
     cfg = measure_h_ini(cfg, state, model, tok, records, example, dist, log)
     aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
     policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
-    metrics = MetricsLog(cfg.output_dir, dist.main, wandb=cfg.report_to == "wandb", config=record(cfg))
+    metrics = MetricsLog(cfg.output_dir, dist.main, cfg.report_to, record(cfg), state["step"])
+    evaluate = heldout.HeldOut(cfg, held, dist, metrics, log) if held else (lambda *a: None)
     conflict_log = make_conflict_log(cfg, model, tok, state, dist)
     bar = progress(state["step"], total, dist.main)
     nonfinite_run = 0
     model.train()
     try:
+        evaluate(model, tok, state["step"], total)      # RL's start, or a due evaluation a kill left unwritten
         for k in bar:
             warmup = k < cfg.warmup_steps
             if k == cfg.warmup_steps > 0:
@@ -248,6 +252,8 @@ def train(cfg, dist, stop):
             bar.set_postfix({short: round(m[key], 3) for key, short in BAR.items() if key in m})
             nonfinite_run = check_finite(cfg, k, 0 if finite else nonfinite_run + 1)
             stopping = any(dist.gather(stop.signal is not None))
+            if not stopping:                            # else --resume evaluates the step first
+                evaluate(model, tok, k + 1, total)
             warmup_end = warmup and k + 1 == cfg.sft_warmup_steps      # RL's start, for eval.py beside final/
             if (k + 1) % cfg.save_steps == 0 or k + 1 == total or stopping or warmup_end:
                 checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
@@ -262,6 +268,7 @@ def train(cfg, dist, stop):
 
 def stopped(bar, n, total, stop, out, log):
     """The loop's end on Ctrl-C or SIGTERM (any rank's), checkpoint-n saved: said, exit code 0."""
+    bar.update(n - bar.n)                               # the bar counts step n, as the line below does
     bar.close()
     log(f"stopped after step {n} of {total} ({stop.signal or 'signal on another rank'}); "
         f"checkpoint-{n} saved. Continue with: python train.py --resume --output_dir {out}")

@@ -7,7 +7,7 @@ import torch
 import merged_rollout
 from conftest import assert_draws_match
 from models import load_model
-from rollout import rollout
+from rollout import pick_sampler, rollout
 
 
 def _policy(model_dir):
@@ -184,14 +184,14 @@ def test_eval_samples_through_the_same_choice_on_cuda(tiny_model_dir, monkeypatc
     monkeypatch.setattr(merged_rollout, "reserve", lambda *a: sized.append(a))
     for total, want in ((80e9, "merged"), (1e8, "generate")):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, t=total: types.SimpleNamespace(total_memory=t))
-        assert ev.pick_sampler(args, model, tok, records, None, "cuda", said.append) == want
+        assert pick_sampler(args, model, tok, records, None, "cuda", said.append) == want
         assert said[-1].startswith(f"sampler: {want} (--rollout auto: ")
     assert sized == [(model, 8, longest_prompt(tok, records), 64)]
-    assert ev.pick_sampler(args, model, tok, records, None, "cpu", said.append) == "auto" and len(said) == 2
+    assert pick_sampler(args, model, tok, records, None, "cpu", said.append) == "auto" and len(said) == 2
     forced = ev.parse_args(["--rollout", "generate"])
-    assert ev.pick_sampler(forced, model, tok, records, None, "cuda", said.append) == "generate"
+    assert pick_sampler(forced, model, tok, records, None, "cuda", said.append) == "generate"
     forced = ev.parse_args(["--rollout", "merged", "--n_samples", "2", "--batch_size", "8"])
-    assert ev.pick_sampler(forced, model, tok, records, None, "cpu", said.append) == "merged" and len(said) == 2
+    assert pick_sampler(forced, model, tok, records, None, "cpu", said.append) == "merged" and len(said) == 2
     assert sized[-1][1] == 4                            # both problems' 2 samples in one call
 
 
