@@ -35,6 +35,8 @@ HUB = {
     "amc23": ("math-ai/amc23", [None], {}),
 }
 TASKS = sorted(HUB) + ["arithmetic", "arithmetic-hard"]
+ARITHMETIC_SPLITS = {"arithmetic": ("train", "test", "hard", "hard-train", "reworded"),
+                     "arithmetic-hard": ("train", "test", "hard", "hard-train", "reworded")}   # built in, generated
 
 
 class DataError(ValueError):
@@ -282,6 +284,8 @@ def load_task(name, split="train", data_dir=None):
     name: one of TASKS or a path to a .jsonl file. data_dir: folder with
     <name>/<split>.jsonl (default $GTPO_DATA_DIR). Raises DataError with a fix.
     """
+    if name in ARITHMETIC_SPLITS and split not in ARITHMETIC_SPLITS[name]:
+        raise DataError(f"dataset {name!r} has no split {split!r}; its splits are {', '.join(ARITHMETIC_SPLITS[name])}")
     if name == "arithmetic":
         return arithmetic_task(split)
     if name == "arithmetic-hard":                       # train on larger numbers, test on the "hard" split

@@ -34,7 +34,7 @@ from drift import drift_main
 from models import ModelError, load_eval_model, pick_dtype
 from plots import model_label, plot_main, plot_passk
 from rewards import answers_equal, extract_answer
-from rollout import pick_sampler
+from memory import pick_sampler
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 STOPPED = 130                   # the exit code of a command ended by Ctrl-C (128 + SIGINT), as shells give it

@@ -18,6 +18,7 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
               backward; backward's in-flight gradients (one layer's worth); the LM head's chunk
               (gtpo_logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
   step        the larger of sampling and gradient: a training step's peak (what measured_peak measures)
+pick_sampler(...) an evaluation's sampler on CUDA (eval.py, heldout.py): the merged copy where it fits
   first       with the merged sampler, what its first use adds once (at <H>_ini or step 1): one Linear's dense
               temporary while the copy is built (merged_rollout.merged_copy) and the compile and CUDA-graph
               capture of the decode step (FIRST_STEP_SHARE of the copy, from a GPU's measurement: on the CPU
@@ -454,3 +455,33 @@ def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
                      f"{budget_bytes / GB:.1f} GB" if m else
                      f"{who}: does not fit {budget_bytes / GB:.1f} GB even one completion at a time ({describe(est)})")
     return lines
+
+
+def pick_sampler(args, model, tok, records, example, device, log=print):
+    """An evaluation's sampler (eval.py's args): --rollout auto on CUDA: the kept merged copy (merged_rollout.py)
+    when sampling with it held fits the device (sampling_card at this evaluation's rows and longest prompt), else
+    `generate`; elsewhere rollout.resolve_path's own auto. Said in one line. With the merged copy, its decode loop
+    is sized once for the most rows of a call and the longest prompt: one compiled shape for the whole evaluation."""
+    cuda_auto = args.rollout == "auto" and torch.device(device).type == "cuda"
+    if not (cuda_auto or args.rollout == "merged"):
+        return args.rollout
+    import merged_rollout
+    from data import longest_prompt
+    longest = longest_prompt(tok, records, example)
+    rows = min(max(1, args.batch_size // args.n_samples), len(records)) * min(args.n_samples, args.batch_size)
+    sampler = args.rollout
+    if cuda_auto:
+        peft = getattr(model, "peft_config", {}).get("default")
+        s = Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
+                            dtype_bytes=model.get_input_embeddings().weight.element_size(),
+                            batch_size=max(1, args.batch_size // args.n_samples),
+                            generation_size=min(args.n_samples, args.batch_size), prompt_tokens=longest,
+                            completion_tokens=args.max_completion_length, sampler="merged")
+        need = sampling_card(model.config, s)
+        have = HEADROOM * torch.cuda.get_device_properties(device).total_memory
+        sampler = "merged" if need <= have else "generate"
+        log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
+            f"{have / 1e9:.1f}, {HEADROOM:.0%} of the card)")
+    if sampler == "merged":
+        merged_rollout.reserve(model, rows, longest, args.max_completion_length)
+    return sampler

@@ -5,7 +5,6 @@ resolve_path()    which sampler runs: `generate` through the policy (this file),
                   its own decode loop (merged_rollout.py), or on CPU the shared-prompt decode loop
                   of cpu_rollout.py (same distribution, other random draws)
 completion_mask   1 up to and including the first EOS
-pick_sampler()    an evaluation's sampler on CUDA: the merged copy where it fits the device, else `generate`
 """
 from dataclasses import dataclass
 
@@ -13,7 +12,6 @@ import torch
 
 import cpu_rollout
 import merged_rollout
-from data import longest_prompt
 
 PATHS = ("auto", "generate", "shared", "merged")
 
@@ -100,32 +98,3 @@ def rollout(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1
     return Rollout(prompt_ids=ids.repeat_interleave(group_size, 0), prompt_mask=attn.repeat_interleave(group_size, 0),
                    completion_ids=comp, completion_mask=mask, truncated=truncated,
                    texts=tokenizer.batch_decode(comp, skip_special_tokens=True))
-
-
-def pick_sampler(args, model, tok, records, example, device, log=print):
-    """An evaluation's sampler (eval.py's args): --rollout auto on CUDA: the kept merged copy (merged_rollout.py)
-    when sampling with it held fits the device (memory.sampling_card at this evaluation's rows and longest
-    prompt), else `generate`; elsewhere resolve_path's own auto. Said in one line. With the merged copy, its decode loop is sized once
-    for the most rows of a call and the longest prompt: one compiled shape for the whole evaluation."""
-    cuda_auto = args.rollout == "auto" and torch.device(device).type == "cuda"
-    if not (cuda_auto or args.rollout == "merged"):
-        return args.rollout
-    longest = longest_prompt(tok, records, example)
-    rows = min(max(1, args.batch_size // args.n_samples), len(records)) * min(args.n_samples, args.batch_size)
-    sampler = args.rollout
-    if cuda_auto:
-        import memory
-        peft = getattr(model, "peft_config", {}).get("default")
-        s = memory.Settings(lora_rank=peft.r if peft else 0, load_in_4bit=args.load_in_4bit,
-                            dtype_bytes=model.get_input_embeddings().weight.element_size(),
-                            batch_size=max(1, args.batch_size // args.n_samples),
-                            generation_size=min(args.n_samples, args.batch_size), prompt_tokens=longest,
-                            completion_tokens=args.max_completion_length, sampler="merged")
-        need = memory.sampling_card(model.config, s)
-        have = memory.HEADROOM * torch.cuda.get_device_properties(device).total_memory
-        sampler = "merged" if need <= have else "generate"
-        log(f"sampler: {sampler} (--rollout auto: with the merged copy held sampling needs {need / 1e9:.1f} GB of "
-            f"{have / 1e9:.1f}, {memory.HEADROOM:.0%} of the card)")
-    if sampler == "merged":
-        merged_rollout.reserve(model, rows, longest, args.max_completion_length)
-    return sampler

@@ -152,11 +152,11 @@ def grads(model):
 @pytest.fixture
 def tiny_args(tiny_model_dir):
     """tiny_args(out, flag=value, ...) -> train.py argv for the tiny model: no one-shot example,
-    entropy filter off, LoRA rank 4, G = 4, 6 new tokens; keyword flags override or add
-    (True = a bare switch)."""
+    entropy filter off, LoRA rank 4, G = 4, 6 new tokens, no held-out evaluation (tests/test_heldout.py's
+    own); keyword flags override or add (True = a bare switch)."""
     def make(out, **flags):
         base = {"model": tiny_model_dir, "output_dir": str(out), "generation_size": 4, "max_completion_length": 6,
-                "entropy_filter": "off", "lora_rank": 4, "no-one_shot": True}
+                "entropy_filter": "off", "lora_rank": 4, "no-one_shot": True, "eval_steps": 0}
         argv = []
         for k, v in {**base, **flags}.items():
             argv += [f"--{k}"] if v is True else [] if v is False else [f"--{k}", str(v)]

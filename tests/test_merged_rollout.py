@@ -7,7 +7,8 @@ import torch
 import merged_rollout
 from conftest import assert_draws_match
 from models import load_model
-from rollout import pick_sampler, rollout
+from memory import pick_sampler
+from rollout import rollout
 
 
 def _policy(model_dir):
