@@ -426,9 +426,10 @@ def finish(cfg):
                           f"--one_shot_from {cfg.dataset} (its first record, then not trained on), --one_shot_from "
                           f"gsm8k (a built-in dataset's), or --no-one_shot")
     loggers = [n for n in cfg.report_to.split(",") if n not in ("", "none")]
+    unknown = [n for n in loggers if n not in LOGGERS]
+    if unknown:
+        raise ConfigError(f"--report_to {cfg.report_to}: {unknown[0]!r} is none of {', '.join(LOGGERS)} (or none)")
     for name in loggers:
-        if name not in LOGGERS:
-            raise ConfigError(f"--report_to {cfg.report_to}: {name!r} is none of {', '.join(LOGGERS)} (or none)")
         if importlib.util.find_spec(name) is None:
             raise ConfigError(f"--report_to {name}: the {name} package is not installed; pip install {name}, or "
                               f"leave {name} out of --report_to")

@@ -418,14 +418,15 @@ class GTPOTrainer(GRPOTrainer):
             self.model.train(was_training)
 
 
-def example_dataset(tok, task="arithmetic"):
-    """A task's training records as a TRL dataset in the project's prompt format: `prompt` (App. 16.1's system
-    prompt, the task's first record as the worked one-shot example, then not trained on) and `answer`."""
+def example_dataset(tok, task="arithmetic", split="train"):
+    """A task's records of a split as a TRL dataset in the project's prompt format: `prompt` (App. 16.1's system
+    prompt, the task's first training record as the worked one-shot example, then not trained on) and `answer`."""
     from datasets import Dataset
     records = load_task(task, "train")
     example = one_shot_example(records[0])
+    rows = records[1:] if split == "train" else load_task(task, split)
     return Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
-                              for r in records[1:]])
+                              for r in rows])
 
 
 def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):

@@ -88,15 +88,32 @@ def trailing_mean(values, window):
             for j in range(len(values))]
 
 
+def held_out_axis(ax, held):
+    """The held-out evaluations (heldout.py's rows) on their own right-hand axis of the reward panel: pass@1 at
+    each evaluated step, a dashed line with markers per run, labelled with its problems and samples."""
+    twin = ax.twinx()
+    for i, rows in enumerate(held):
+        if rows:
+            twin.plot([r["step"] for r in rows], [r["eval/pass@1"] for r in rows], color=f"C{i % 10}", ls="--",
+                      marker="o", ms=3, lw=1)
+    sets = {(r["eval/problems"], r["eval/n"]) for rows in held for r in rows}
+    what = ", ".join(f"{p} problems x {n}" for p, n in sorted(sets))
+    twin.set_ylabel(f"held-out pass@1 (dashed; {what})", fontsize=8)
+    twin.set_ylim(-0.02, 1.02)
+
+
 def plot_curves(metric_files, out_png, smooth=5):
     """Training curves over steps (RL steps only), one line per metrics.jsonl: reward, format,
-    accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view)."""
+    accuracy, entropy, KL, conflict fraction, length, loss (the paper's Fig. 1, 2-top, 4, 5 view); beside the
+    reward, on its own axis, the held-out pass@1 of the run's evaluations (train.py --eval_steps)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+    rows_of = {f: [r for _, r in read_jsonl(f)] for f in metric_files}
     runs = [(os.path.basename(os.path.dirname(os.path.abspath(f))) or f,
-             [r for _, r in read_jsonl(f) if r.get("phase", "rl") == "rl"]) for f in metric_files]
+             [r for r in rows_of[f] if r.get("phase", "rl") == "rl"]) for f in metric_files]
+    held = [[r for r in rows_of[f] if r.get("phase") == "eval"] for f in metric_files]
     keys = [k for k in CURVE_KEYS if any(k in r for _, rows in runs for r in rows)]
     if not keys:
         raise DataError(f"no RL-step metrics ({', '.join(list(CURVE_KEYS)[:3])}, ...) in {', '.join(metric_files)}")
@@ -122,6 +139,8 @@ def plot_curves(metric_files, out_png, smooth=5):
         ax.grid(alpha=0.3)
         if key == "entropy":
             ax.axhline(math.log(2), color="k", ls=":", lw=1)
+        if key == "reward" and any(held):
+            held_out_axis(ax, held)
     for ax in axes.flat[len(keys):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()

@@ -317,13 +317,30 @@ def reward(completions, answers, task, counts=None):
     return total, fmt, cor
 
 
+def completion_texts(completions):
+    """TRL's completions as texts: strings, or a conversation's last message."""
+    return [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+
+
 def trl_reward(task):
     """reward() as a TRL reward function, for GRPOTrainer / GTPOTrainer's reward_funcs: the dataset's
     `answer` column is the reference (TRL passes a dataset's extra columns by name)."""
     def paper_reward(completions, answer, **_):
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]   # conversational too
-        return reward(texts, answer, task)[0].tolist()
+        return reward(completion_texts(completions), answer, task)[0].tolist()
     return paper_reward
+
+
+def trl_rewards(task):
+    """The paper's reward split in two TRL reward functions, [format_reward, accuracy_reward], each on its 10 points.
+    While reward()'s total is formatting + correctness their sum is trl_reward(task)'s (TRL sums reward_funcs,
+    weights 1): the same A_i and loss, and TRL logs formatting and correctness apart -- in evaluation
+    `eval_rewards/accuracy_reward/mean`, ten times the held-out share of correct answers."""
+    def format_reward(completions, answer, **_):
+        return reward(completion_texts(completions), answer, task)[1].tolist()
+
+    def accuracy_reward(completions, answer, **_):
+        return reward(completion_texts(completions), answer, task)[2].tolist()
+    return [format_reward, accuracy_reward]
 
 
 if SERVING_LATEX:

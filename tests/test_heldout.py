@@ -158,3 +158,52 @@ def test_two_ranks_evaluate_their_shares_and_the_row_is_one_process_eval_py(tmp_
     res, samples = _eval_py(str(out / "checkpoint-2"), tmp_path / "e", limit=5, n=16)
     assert samples == _samples(out / "eval_samples.jsonl", 2) and len(samples) == 80
     assert {f"eval/pass@{k}": v for k, v in res["pass@k"].items()} == {x: row[x] for x in row if "pass@" in x}
+
+
+def test_report_to_tensorboard_and_trackio_hold_the_training_and_held_out_rows(tmp_path, tiny_args, train_cli):
+    """--report_to tensorboard,trackio (optional packages, offline): the event files in <run>/runs and Trackio's
+    local store hold every training and held-out row at its step."""
+    pytest.importorskip("tensorboard", reason="an optional logger: pip install tensorboard")
+    pytest.importorskip("trackio", reason="an optional logger: pip install trackio")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out, store = tmp_path / "run", tmp_path / "trackio"
+    r = train_cli(*tiny_args(out, max_steps=2, save_steps=2, report_to="tensorboard,trackio", **EVAL),
+                  env={"TRACKIO_DIR": str(store)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = EventAccumulator(str(out / "runs")).Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2]
+    assert [e.step for e in events.Scalars("eval/pass@1")] == [0, 2]
+    assert [e.value for e in events.Scalars("eval/mean_length")] == \
+        pytest.approx([r_["eval/mean_length"] for r_ in _rows(out, "eval")])
+    read = ("import json, trackio; print(json.dumps(trackio.SQLiteStorage.get_logs('gtpo', 'run')))")
+    logged = json.loads(subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=120,
+                                       env={**ENV, "TRACKIO_DIR": str(store)}).stdout)
+    assert [x["step"] for x in logged if "loss" in x] == [1, 2]
+    assert [x["step"] for x in logged if "eval/pass@1" in x] == [0, 2]
+
+
+def test_report_to_names_a_missing_or_unknown_logger_before_anything_loads(train_here, tiny_args, tmp_path,
+                                                                           monkeypatch):
+    import importlib.util
+    r = train_here(*tiny_args(tmp_path / "a", report_to="wandb,mlflow"))
+    assert r.returncode == 2 and "'mlflow' is none of wandb, tensorboard, trackio" in r.stderr
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    r = train_here(*tiny_args(tmp_path / "b", report_to="trackio"))
+    assert r.returncode == 2 and "pip install trackio" in r.stderr
+
+
+def test_curves_draw_the_held_out_pass1_on_its_own_axis_beside_the_reward():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import plots
+    fig, ax = plt.subplots()
+    held = [[{"step": 0, "eval/pass@1": 0.1, "eval/problems": 64, "eval/n": 4},
+             {"step": 20, "eval/pass@1": 0.3, "eval/problems": 64, "eval/n": 4}], []]
+    plots.held_out_axis(ax, held)
+    twin = [a for a in fig.axes if a is not ax][0]
+    assert twin.get_ylabel() == "held-out pass@1 (dashed; 64 problems x 4)"
+    assert [list(line.get_xdata()) for line in twin.lines] == [[0, 20]]
+    plt.close(fig)

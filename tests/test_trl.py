@@ -342,3 +342,25 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
 if __name__ == "__main__":
     import sys
     _two_process_worker(sys.argv[1], sys.argv[2])
+
+
+def test_an_eval_dataset_logs_the_held_out_share_correct_under_trls_names(tmp_path, tiny_model_dir, tiny_lm):
+    """rewards.trl_rewards splits the paper's reward into formatting and correctness, whose sum is trl_reward's;
+    GTPOTrainer with an eval_dataset and eval_strategy="steps" then logs eval_rewards/accuracy_reward/mean (ten
+    times the held-out share correct) at its evaluation, and eval_rewards/format_reward/mean beside it."""
+    from gtpo_trl import example_dataset
+    from rewards import trl_reward, trl_rewards
+    texts = ["<reasoning>2 + 3 = 5</reasoning>\n<answer>5</answer>", "<answer>4</answer>", "5"]
+    fmt, acc = (f(texts, ["5"] * 3) for f in trl_rewards("arithmetic"))
+    assert [f + a for f, a in zip(fmt, acc)] == trl_reward("arithmetic")(texts, ["5"] * 3) and acc[0] == 10.0
+    model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
+    train, held = example_dataset(tok).select(range(8)), example_dataset(tok, split="test").select(range(4))
+    args = _args(tmp_path, max_steps=1, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4,
+                 logging_steps=1, save_strategy="no")
+    t = GTPOTrainer(model=model, processing_class=tok, reward_funcs=trl_rewards("arithmetic"), args=args,
+                    train_dataset=train, eval_dataset=held)
+    t.train()
+    evals = [r for r in t.state.log_history if "eval_rewards/accuracy_reward/mean" in r]
+    assert [r["step"] for r in evals] == [1]
+    assert all(0.0 <= r["eval_rewards/accuracy_reward/mean"] <= 10.0 and "eval_rewards/format_reward/mean" in r
+               for r in evals)
