@@ -38,7 +38,7 @@ PROFILES = {"smollm2-135m": dict(lr=3e-4, lr_scheduler="cosine", generation_size
                                  max_completion_length=96, warmup_ratio=0.0, save_steps=20, ent_ini_prompts=4,
                                  one_shot=True, sft_warmup_steps=8, sft_warmup_lr=1e-3, max_steps=28,
                                  micro_batch_size=4, sft_micro_batch_size=4, adam_beta1=0.9, adam_beta2=0.95,
-                                 sample_every=1)}
+                                 sample_every=1, eval_steps=0)}
 
 OBJECTIVE = [f.name for f in dataclasses.fields(gtpo.Objective)]      # its settings, flags of their own
 

@@ -36,6 +36,9 @@
               alternating; median step times, our step over GRPOTrainer's, GTPO's overhead and where it goes;
               with gtpo2 / grpo2 in --trl_methods, num_iterations=2 against 1 (mean step times).
 
+9. heldout    (only with --parts heldout) what train.py's held-out evaluation adds: the demo as it runs, and
+              the paper profile's evaluation against G = 12 steps (bench/heldout.py).
+
 Peak memory on CPU: each measurement runs in a fresh process that resets the kernel's peak-RSS
 counter (/proc/self/clear_refs) after its inputs exist and reads VmHWM afterwards.
 """
@@ -45,6 +48,7 @@ import json
 import torch
 
 from bench.cpu import STEP_METHODS, report_paper_step, report_step
+from bench.heldout import report_heldout
 from bench.probes import CHILD_FLAGS, PROBES, report_conflict, report_loss, report_trl
 from bench.reward import report_reward
 from models import cuda_allocator_defaults, heap_mmap_threshold
@@ -79,7 +83,7 @@ def report_gpu(args, res):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu (paper: 7 min, trl: 20 min on 2 cores)")
+    p.add_argument("--parts", default="conflict,loss,step", help="comma-separated subset of conflict,loss,step,paper,reward,trl,memory,gpu,heldout (paper: 7 min, trl: 20 min on 2 cores)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=3, help="timed rounds per method after one warm-up round")
     p.add_argument("--new_tokens", type=int, default=64)
@@ -120,7 +124,8 @@ def main():
            f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
 
     reports = {"conflict": report_conflict, "loss": report_loss, "step": report_step, "paper": report_paper_step,
-               "reward": report_reward, "trl": report_trl, "memory": report_memory, "gpu": report_gpu}
+               "reward": report_reward, "trl": report_trl, "memory": report_memory, "gpu": report_gpu,
+               "heldout": report_heldout}
     unknown = set(args.parts.split(",")) - set(reports)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(reports)}")

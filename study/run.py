@@ -182,11 +182,11 @@ def train(run_id, flags, seed, start, shard, threads):
 
 def first_difference(committed, trained):
     """The first step whose row in `trained` differs from `committed` in a value the committed row logs,
-    timings aside (time/*, step_time); None when none does. A metric the committed run did not log yet
-    is not compared; a missing row is a difference. `lr` is not compared: config.json fixes the schedule,
+    timings and held-out evaluations (heldout.py's rows) aside; None when none does. A metric the committed run
+    did not log yet is not compared; a missing row is a difference. `lr` is not compared: config.json fixes the schedule,
     and rows logged before train.py logged each step's own rate hold the next step's."""
-    old = [r for _, r in read_jsonl(committed)]
-    new = [r for _, r in read_jsonl(trained)] if os.path.isfile(trained) else []
+    old = [r for _, r in read_jsonl(committed) if r.get("phase") != "eval"]      # held-out rows: not training's
+    new = [r for _, r in read_jsonl(trained) if r.get("phase") != "eval"] if os.path.isfile(trained) else []
     for k, row in enumerate(old):
         logged = {key for key in row if not key.startswith("time/") and key not in ("step_time", "lr")}
         if k >= len(new) or any(new[k].get(key) != row[key] for key in logged):

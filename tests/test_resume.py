@@ -412,6 +412,7 @@ def _tiny(tmp_path, tiny_args, *extra):
 
 
 def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monkeypatch):
+    """docs/reliability.md's row for a step whose groups all have equal rewards, objective by objective."""
     monkeypatch.setattr(rewards, "reward", lambda texts, answers, task, counts=None: (torch.full((len(texts),), 10.0),) * 2
                         + (torch.zeros(len(texts)),))
     # GRPO: zero advantages, so the step applies a zero gradient
@@ -421,11 +422,20 @@ def test_all_equal_rewards_give_zero_gradient_not_nan(tmp_path, tiny_args, monke
         assert "skipped_nonfinite" not in r
     w = _adapter(str(tmp_path / "run" / "final"))
     assert all(v.abs().sum() == 0 for k, v in w.items() if "lora_B" in k)    # no update at all
-    # GTPO: only Eq. 7's entropy term acts (-gamma <H>_i as the advantage), finite
-    assert _tiny(tmp_path, tiny_args, "--max_steps", "1", "--overwrite") == 0
+    # GTPO, both entropy terms: only the term acts -- the default (released) as -gamma <H>_i on the advantage,
+    # eq7 as +gamma <H>_i with its own gradient -- so the loss is gamma <H> and the gradient is not zero
+    grads = {}
+    for term in ("released", "eq7"):
+        assert _tiny(tmp_path, tiny_args, "--max_steps", "1", "--overwrite", "--entropy_term", term) == 0
+        (r,) = _rows(str(tmp_path / "run"))
+        assert r["frac_reward_zero_std"] == 1.0 and "skipped_nonfinite" not in r
+        assert r["loss"] == pytest.approx(0.1 * r["entropy"], rel=1e-4) and 0 < r["grad_norm"] < float("inf")
+        grads[term] = r["grad_norm"]
+    assert grads["released"] != grads["eq7"]                          # two terms, two gradients
+    # GTPO with gamma = 0 (either term): nothing acts, as GRPO
+    assert _tiny(tmp_path, tiny_args, "--max_steps", "1", "--overwrite", "--ent_gamma", "0") == 0
     (r,) = _rows(str(tmp_path / "run"))
-    assert r["frac_reward_zero_std"] == 1.0 and "skipped_nonfinite" not in r
-    assert r["loss"] == pytest.approx(0.1 * r["entropy"], rel=1e-4) and 0 < r["grad_norm"] < float("inf")
+    assert r["frac_reward_zero_std"] == 1.0 and r["loss"] == 0.0 and r["grad_norm"] == 0.0
 
 
 def test_nonfinite_loss_skips_the_step_then_stops_after_5(tmp_path, tiny_args, monkeypatch):

@@ -548,6 +548,11 @@ def test_a_run_trained_again_must_log_what_was_committed_or_it_stops(tmp_path, m
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again[:2]))
     assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
                                   str(out / "metrics.jsonl")) == 2
+    held = {"step": 0, "phase": "eval", "eval/pass@1": 0.25}           # held-out rows on one side only: not training
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [held, *rows[:2], dict(held, step=2),
+                                                                             rows[2]]))
+    assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
+                                  str(out / "metrics.jsonl")) is None
 
 
 def test_a_committed_run_from_another_kind_of_host_is_not_trained_again_here(tmp_path, monkeypatch, capsys):
