@@ -42,14 +42,15 @@ def _wait_for(pred, proc, timeout=600):
 
 def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
     """The demo's shape on the embedded model (its rewards vary, so GTPO really updates): 1 SFT warm-up step
-    then 2 GTPO steps. Run a goes straight through: the warm-up's end is checkpoint-1, --save_steps 2 adds
-    checkpoint-2, the Eq. 6 decision is logged. Run b is SIGKILLed after checkpoint-2 (its first GTPO step) is
+    then 2 GTPO steps, held-out evaluations at RL's start and steps 2 and 3. Run a goes straight through: the
+    warm-up's end is checkpoint-1, --save_steps 2 adds checkpoint-2, the Eq. 6 decision is logged. Run b is SIGKILLed after checkpoint-2 (its first GTPO step) is
     written; the same command again is refused, `--resume --output_dir b` alone continues with the recipe its
     config.json records (none of the flags retyped). Same final adapter, bit for bit. Each
     process has its own PYTHONHASHSEED, so the run is also one that no iteration order over strings
     (sets of names, dict keys from hashing) can steer."""
     common = ["--max_steps", "3", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "24",
-              "--sft_warmup_steps", "1", "--ent_ini_prompts", "2", "--seed", "5"]
+              "--sft_warmup_steps", "1", "--ent_ini_prompts", "2", "--seed", "5", "--eval_steps", "2",
+              "--eval_limit", "2", "--eval_n_samples", "2"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     r = train_cli("--output_dir", a, *common, env={"PYTHONHASHSEED": "0"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -74,8 +75,10 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
     assert "resumed from" in r.stdout and "checkpoint-2" in r.stdout
 
     rows_a, rows_b = _rows(a), _rows(b)
-    assert [x["step"] for x in rows_b] == [1, 2, 3]                       # none missing, none twice
-    assert [x["phase"] for x in rows_b] == ["sft", "rl", "rl"]
+    assert [(x["step"], x["phase"]) for x in rows_b] == [(1, "sft"), (1, "eval"), (2, "rl"), (2, "eval"), (3, "rl"),
+                                                         (3, "eval")]     # none missing, none twice
+    held = [{k: v for k, v in x.items() if k != "eval/seconds"} for x in rows_a + rows_b if x["phase"] == "eval"]
+    assert held[:3] == held[3:]                                           # the held-out rows, evaluated again too
     for x, y in zip(rows_a, rows_b):                                      # same data, samples, schedule
         for k in ("loss", "reward", "lr", "grad_norm", "entropy"):
             assert x.get(k) == y.get(k), (x["step"], k)
