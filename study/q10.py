@@ -151,7 +151,8 @@ def q10_outcome(a):
     for label, _, collapse, learn in ROWS:
         c, l_ = arm_cells(collapse, "collapse"), arm_cells(learn, "learn")
         said = ([f"collapses {c['collapses']} of {c['n']}"] if c else []) + (
-            [f"ID pass@1 {l_['id']:.3f}, {100 * l_['id_format']:.0f} % formatted"] if l_ else [])
+            [f"ID pass@1 {l_['id']:.3f}{'' if l_['n'] == 8 else ' (%d seeds)' % l_['n']}, "
+             f"{100 * l_['id_format']:.0f} % formatted"] if l_ else [])
         if said and label != "GRPO β=0, Q7's runs":
             cells.append(f"{label}: {', '.join(said)}")
     return "; ".join(cells) if cells else "not run"

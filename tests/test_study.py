@@ -549,8 +549,9 @@ def test_a_run_trained_again_must_log_what_was_committed_or_it_stops(tmp_path, m
     assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
                                   str(out / "metrics.jsonl")) == 2
     held = {"step": 0, "phase": "eval", "eval/pass@1": 0.25}           # held-out rows on one side only: not training
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [held, *rows[:2], dict(held, step=2),
-                                                                             rows[2]]))
+    kept = [json.loads(line) for line in committed.splitlines()]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [held, *kept[:2], dict(held, step=2),
+                                                                             kept[2]]))
     assert study.first_difference(str(tmp_path / "keep" / "q6-gtpo-s25" / "metrics.jsonl"),
                                   str(out / "metrics.jsonl")) is None
 
@@ -683,13 +684,13 @@ def _answers_in(path):
 
 def test_results_md_opens_with_what_to_run_and_the_answers_of_summary_md():
     """docs/results.md's first 45 lines say what to run and hold study/summary.md's answers table exactly, a row per
-    question Q1-Q8 (and part 3)."""
+    question Q1-Q10 (and part 3)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     table, before = _answers_in(os.path.join(here, "docs", "results.md"))
     assert len(before) + len(table) <= 45 and any(line.startswith("**What to run:**") for line in before)
     assert table == _answers_in(os.path.join(here, "study", "summary.md"))[0]
     assert [row.split(" | ")[0][2:] for row in table[2:]] == ["Q1", "Q2", "Q3", "Q4", "Part 3", "Q5", "Q6", "Q7", "Q8",
-                                                         "Q9"]
+                                                         "Q9", "Q10"]
 
 
 @pytest.mark.slow
