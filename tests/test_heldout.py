@@ -80,7 +80,8 @@ def test_held_out_problems_are_never_training_problems(tmp_path, tiny_args, trai
     data_dir = os.environ.get("GTPO_DATA_DIR")
     for dataset in ["arithmetic", "arithmetic-hard"] + [d for d in ("gsm8k", "math") if data_dir and
                                                        os.path.isfile(os.path.join(data_dir, d, "test.jsonl"))]:
-        cfg = parse_args(["--dataset", dataset, "--eval_limit", "100000", "--output_dir", str(tmp_path / "x")])
+        cfg = parse_args(["--model", "x", "--dataset", dataset, "--eval_limit", "100000", "--output_dir",
+                          str(tmp_path / "x")])
         train = load_task(dataset, "train", data_dir)
         cfg, held = heldout.plan(cfg, train, log=lambda *a: None)
         assert held and not {r["question"] for r in held} & {r["question"] for r in train}, dataset
