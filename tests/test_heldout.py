@@ -116,6 +116,7 @@ def test_due_steps_are_rl_start_every_n_and_the_last():
     assert not any(heldout.due(cfg, k, 5) for k in range(6))
 
 
+@pytest.mark.slow
 def test_save_best_keeps_the_best_steps_adapter_and_a_resume_keeps_every_row_once(tmp_path, tiny_args, train_here):
     """--save_best: best/ holds the adapter of best.json's step. A run stopped after an evaluation was written but
     before the next checkpoint (its rows past checkpoint-2 left in place) resumes to the same rows, the evaluations
@@ -142,6 +143,7 @@ def test_save_best_keeps_the_best_steps_adapter_and_a_resume_keeps_every_row_onc
     assert _samples(b / "eval_samples.jsonl") == _samples(a / "eval_samples.jsonl")
 
 
+@pytest.mark.slow
 def test_two_ranks_evaluate_their_shares_and_the_row_is_one_process_eval_py(tmp_path, tiny_args):
     """Under torchrun (gloo) each rank samples every other rollout call of the evaluation (16 samples a problem:
     eval.py's 32-completion calls take 2 problems, so 5 problems are 3 calls, 2 on rank 0 and 1 on rank 1); the
@@ -161,6 +163,7 @@ def test_two_ranks_evaluate_their_shares_and_the_row_is_one_process_eval_py(tmp_
     assert {f"eval/pass@{k}": v for k, v in res["pass@k"].items()} == {x: row[x] for x in row if "pass@" in x}
 
 
+@pytest.mark.slow
 def test_report_to_tensorboard_and_trackio_hold_the_training_and_held_out_rows(tmp_path, tiny_args, train_cli):
     """--report_to tensorboard,trackio (optional packages, offline): the event files in <run>/runs and Trackio's
     local store hold every training and held-out row at its step."""
