@@ -393,8 +393,22 @@ def write_summary():
     lines += ["", "## Configurations (mean ± sample std over the finished seeds)", ""] + summary_lines() + [
         "", f"Worker-hours (every attempt, both workers summed): {cost}"]
     runs.write_text(os.path.join(STUDY, "summary.md"), "\n".join(lines) + "\n")
+    write_results_table(answer_lines())
     runs.write_json(os.path.join(STUDY, "summary.json"), {"questions": rows, **{k: r for k, _, r, _ in sections}})
     print("\n".join(lines))
+
+
+def write_results_table(table):
+    """docs/results.md opens with the answers table: replace it there (its header line to the first blank line),
+    the rest of the page untouched; a study folder outside a checkout (a test's) has no results.md to keep."""
+    path = os.path.join(os.path.dirname(STUDY), "docs", "results.md")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = lines.index(table[0])
+    end = lines.index("", start)
+    runs.write_text(path, "\n".join(lines[:start] + table + lines[end:]) + "\n")
 
 
 def report():
