@@ -515,7 +515,9 @@ def test_the_authors_readme_command_runs_one_step_on_the_tiny_model(tmp_path, ti
                    "--max_completion_length", "8", "--ent_ini_prompts", "2", "--output_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = _rows(str(out))
-    assert [r_["step"] for r_ in rows] == [1] and rows[0]["completions/mean_length"] <= 8
+    rl = [r_ for r_ in rows if r_["phase"] == "rl"]
+    assert [r_["step"] for r_ in rl] == [1] and rl[0]["completions/mean_length"] <= 8
+    assert [r_["step"] for r_ in rows if r_["phase"] == "eval"] == [0, 1]      # held-out: RL's start and its end
     cfg = json.load(open(out / "config.json"))
     assert (cfg["optimizer"], cfg["batch_size"], cfg["generation_size"], cfg["dataset"]) == ("adamw_8bit", 2, 12, "gsm8k")
     assert cfg["cpu_threads"] == torch.get_num_threads()                  # a CPU run repeats only with as many
