@@ -25,15 +25,16 @@ Every process makes the same model calls whatever its completions, so DeepSpeed 
 collectives. Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight,
 gtpo/unscored_frac (and gtpo/h_ini with "auto") beside TRL's metrics.
 
-    python gtpo_trl.py            # 20 GTPO steps of the embedded model on the arithmetic task, CPU
-    python gtpo_trl.py --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
-    python -m gtpo_trl            # the same after `pip install ".[trl]"`, from any folder
+    python gtpo_trl.py --example                   # 20 GTPO steps of the embedded model on the arithmetic task, CPU
+    python gtpo_trl.py --example --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
+    python -m gtpo_trl --config recipe.yaml        # TRL's `trl grpo` command line (trl_cli.py), from any folder
 """
 import dataclasses
 import json
 import logging
 import math
 import os
+import sys
 import warnings
 from typing import NamedTuple
 
@@ -446,10 +447,11 @@ def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smoll
                    args=config(**{**settings, **kw}), train_dataset=example_dataset(tok))
 
 
-def main(argv=None):
+def example_main(argv=None):
+    """`python -m gtpo_trl --example`: the embedded example (example_trainer), trained and saved."""
     import argparse
-    p = argparse.ArgumentParser(description="GTPO through TRL's trainer on the embedded model (CPU, offline)",
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m gtpo_trl --example", allow_abbrev=False,
+                                description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo",
                    help="grpo: TRL's GRPOTrainer with the same settings")
@@ -465,5 +467,11 @@ def main(argv=None):
     print(f"done: adapter in {final} (python eval.py --adapter {final}), metrics in {metrics}")
 
 
+def main(argv=None):
+    """`python -m gtpo_trl`: TRL's `trl grpo` command line with GTPOTrainer (trl_cli.py); --example: the example."""
+    from trl_cli import main as cli
+    return cli(argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,10 +6,11 @@ import re
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-# installed module -> its file in the clone: the objective, the gradient pass, the reward, the trainer, and
-# what the trainer's example reads (the prompt format and built-in tasks, the embedded model)
+# installed module -> its file in the clone: the objective, the gradient pass, the reward, the trainer and its
+# command line (`gtpo-trl`), and what the trainer's example reads (the prompt format and built-in tasks, the
+# embedded model)
 LIBRARY = {"gtpo": "gtpo.py", "gtpo_logprobs": "gtpo_logprobs.py", "gtpo_rewards": "rewards.py",
-           "gtpo_trl": "gtpo_trl.py", "gtpo_data": "data.py", "gtpo_models": "models.py"}
+           "gtpo_trl": "gtpo_trl.py", "gtpo_trl_cli": "trl_cli.py", "gtpo_data": "data.py", "gtpo_models": "models.py"}
 RENAMED = {file[:-3]: module for module, file in LIBRARY.items() if file[:-3] != module}   # rewards -> gtpo_rewards
 IMPORT = re.compile(r"^(\s*)(from|import) (" + "|".join(RENAMED) + r")\b", re.M)
 

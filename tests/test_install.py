@@ -13,7 +13,8 @@ import pytest
 
 from conftest import ENV, HERE
 
-LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py", "gtpo_data.py", "gtpo_models.py"}
+LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py", "gtpo_trl_cli.py", "gtpo_data.py",
+           "gtpo_models.py"}
 
 
 def _source(tmp_path):
@@ -37,7 +38,8 @@ def test_pip_install_gives_the_library_under_our_names_only(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(target), str(_source(tmp_path))], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert {f for f in os.listdir(target) if not f.endswith((".dist-info", "__pycache__"))} == LIBRARY
+    assert {f for f in os.listdir(target) if not f.endswith((".dist-info", "__pycache__", "bin"))} == LIBRARY
+    assert os.listdir(target / "bin") == ["gtpo-trl"]                   # the command line, pyproject's [project.scripts]
     script = r"""
 import os, gtpo, gtpo_rewards, gtpo_data, gtpo_models
 print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards, gtpo_data, gtpo_models)})
@@ -103,6 +105,9 @@ def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "steps 1 rewards" in r.stdout and "rewards/paper_reward/mean" in r.stdout and "rewards/brevity/mean" in r.stdout
+    r = subprocess.run([str(venv / "bin" / "gtpo-trl"), "--help"], cwd=user, env=_clean_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "--reward_funcs" in r.stdout and "--conflict_weight" in r.stdout, r.stderr[-2000:]
 
 
 def _readme_trl_snippet():
@@ -116,7 +121,7 @@ def _readme_trl_snippet():
 def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys):
     """README "GTPO from TRL": after `pip install .` the snippet runs as written from a folder outside the clone
     (nothing of the clone on the path), earns rewards that differ within a group (so a gradient flows) and
-    writes under runs/; `python gtpo_trl.py --max_steps 1` leaves an adapter and metrics that eval.py reads;
+    writes under runs/; `python gtpo_trl.py --example --max_steps 1` leaves an adapter and metrics that eval.py reads;
     the [trl] extra names what they import."""
     pytest.importorskip("trl")
     import tomllib
@@ -142,7 +147,7 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys)
         steps = [row for row in json.load(f)["log_history"] if "reward" in row]
     assert len(steps) == 2 and any(row["reward_std"] > 0 for row in steps)            # rewards earned, and spread
     out = tmp_path / "example"                                        # `python gtpo_trl.py ...`, in this process
-    gtpo_trl.main(["--max_steps", "1", "--max_completion_length", "16", "--output_dir", str(out)])
+    gtpo_trl.main(["--example", "--max_steps", "1", "--max_completion_length", "16", "--output_dir", str(out)])
     assert f"done: adapter in {out / 'final'}" in capsys.readouterr().out
     assert (out / "final" / "adapter_config.json").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,147 @@
+"""`python -m gtpo_trl` as TRL's `trl grpo` (trl_cli.py; skipped without TRL): the same flags and YAML recipe,
+GTPO's own fields read from the recipe, a refused option failing before any model loads, and -- with GTPO's parts
+off -- the losses TRL's command logs for the same recipe (slow: both commands train a tiny model offline)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r requirements-trl.txt")
+
+import trl_cli                                                          # noqa: E402
+from conftest import ENV, HERE                                          # noqa: E402
+
+RECIPE = "configs/gtpo-llama8b-gsm8k.yaml"
+REWARD = '''def length_reward(completions, **_):
+    """A reward that differs within a group: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+'''
+
+
+def _recipe(tmp_path, model_dir, **extra):
+    """A TRL YAML recipe: the tiny model, a local JSON dataset (train and test splits), a dotted-path reward, 2 steps
+    of 2 prompts x 4 completions on CPU in fp32 with a KL term (beta: the second step's loss is not zero), each
+    step's log kept in checkpoint-2's trainer_state.json."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for split, n in (("train", 8), ("test", 2)):
+        rows = [{"prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3)} for i in range(n)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "cli_rewards.py").write_text(REWARD)
+    recipe = {"model_name_or_path": model_dir, "dataset_name": str(data), "reward_funcs": ["cli_rewards.length_reward"],
+              "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8, "max_steps": 2,
+              "learning_rate": 0.05, "loss_type": "grpo", "logging_steps": 1, "save_strategy": "steps",
+              "save_steps": 2, "bf16": False, "use_cpu": True, "report_to": "none", "disable_tqdm": True,
+              "temperature": 1.5, "beta": 0.04, "seed": 0, **extra}
+    path = tmp_path / "recipe.yaml"
+    path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in recipe.items()))    # JSON values are YAML
+    return path
+
+
+def test_recipe_reads_trls_fields_and_gtpos_own(tmp_path):
+    """A YAML recipe fills TRL's dataclasses and GTPOConfig's own fields (conflict_weight); the command line
+    overrides the recipe, as TRL's parser does."""
+    recipe = _recipe(tmp_path, "some/model", conflict_weight=1.5, entropy_term="eq7")
+    script, training, model, _ = trl_cli.parser().parse_args_and_config(
+        ["--config", str(recipe), "--output_dir", str(tmp_path / "out"), "--ent_gamma", "0.01"])
+    assert model.model_name_or_path == "some/model" and script.reward_funcs == ["cli_rewards.length_reward"]
+    assert (training.num_generations, training.max_completion_length, training.loss_type) == (4, 8, "grpo")
+    assert (training.conflict_weight, training.entropy_term, training.ent_gamma) == (1.5, "eq7", 0.01)
+    o = training.objective()
+    assert (o.conflict_weight, o.entropy_term, o.ent_gamma) == (1.5, "eq7", 0.01)
+
+
+def test_the_papers_recipe_is_train_pys_paper_run(tmp_path):
+    """configs/gtpo-llama8b-gsm8k.yaml holds what `python train.py --model llama-8b --dataset gsm8k --use_gtpo`
+    runs on a GPU: the model, 4-bit, LoRA, the task and reward, G and one prompt a step, the optimizer's settings
+    and the objective (gtpo.Objective, field by field)."""
+    import config
+    cfg = config.parse_args(["--model", "llama-8b", "--dataset", "gsm8k", "--use_gtpo", "--device", "cuda"])
+    script, t, m, _ = trl_cli.parser().parse_args_and_config(    # use_cpu: bf16 is refused on a CPU otherwise
+        ["--config", os.path.join(HERE, RECIPE), "--use_cpu", "true"])
+    assert m.model_name_or_path == config.ALIASES[cfg.model][0] and m.load_in_4bit == cfg.load_in_4bit
+    assert m.use_peft and m.lora_r == m.lora_alpha == cfg.lora_rank and m.lora_dropout == 0
+    assert (script.task, script.one_shot, script.reward_funcs) == (cfg.dataset, cfg.one_shot, ["paper_reward"])
+    assert t.per_device_train_batch_size * t.gradient_accumulation_steps == cfg.batch_size * cfg.generation_size
+    ours = {"num_generations": cfg.generation_size, "max_completion_length": cfg.max_completion_length,
+            "temperature": cfg.temperature, "num_train_epochs": cfg.epochs, "learning_rate": cfg.lr,
+            "lr_scheduler_type": cfg.lr_scheduler, "warmup_steps": cfg.warmup_ratio, "adam_beta1": cfg.adam_beta1,
+            "adam_beta2": cfg.adam_beta2, "weight_decay": cfg.weight_decay, "max_grad_norm": cfg.max_grad_norm,
+            "optim": "paged_adamw_8bit", "seed": cfg.seed, "bf16": True}
+    given = {k: getattr(getattr(t, k), "value", getattr(t, k)) for k in ours}     # TRL's enums as their values
+    assert given == ours
+    assert t.objective() == cfg.objective
+
+
+def test_refused_option_fails_before_any_model_loads(tmp_path):
+    """TRL's entropy bonus in the recipe is refused with GTPOConfig's text while the arguments are parsed: the
+    model named does not exist, so any attempt to load it would fail otherwise."""
+    recipe = _recipe(tmp_path, str(tmp_path / "no-such-model"), entropy_coef=0.01)
+    with pytest.raises(ValueError, match=r"^GTPOConfig: entropy_coef=0.01 replaces .* which GTPO defines; use 0.0"):
+        trl_cli.main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_reward_functions_by_name_and_path(tmp_path, monkeypatch):
+    """TRL's names, the paper's reward and its parts (which sum to it), a dotted path; an unknown name is named."""
+    monkeypatch.chdir(tmp_path)
+    _recipe(tmp_path, "m")
+    args = trl_cli.GTPOScriptArguments(reward_funcs=["accuracy_reward", "paper_reward", "format_reward",
+                                                     "gtpo_accuracy_reward", "cli_rewards.length_reward"])
+    acc, paper, fmt, right, length = trl_cli.reward_functions(args)
+    assert acc.__name__ == "accuracy_reward" and length.__name__ == "length_reward"
+    completions = ["<reasoning>\n3 + 4\n</reasoning>\n<answer>\n7\n</answer>", "no answer",
+                   "<reasoning>\n3 + 5\n</reasoning>\n<answer>\n8\n</answer>"]
+    answers = ["7", "7", "7"]
+    assert [p for p in paper(completions, answer=answers)] == [
+        f + r for f, r in zip(fmt(completions, answer=answers), right(completions, answer=answers))]
+    assert right(completions, answer=answers) == [10.0, 0.0, 0.0] and fmt(completions, answer=answers)[1] == 0
+    with pytest.raises(ValueError, match="reward function 'nope': none of accuracy_reward"):
+        trl_cli.reward_functions(trl_cli.GTPOScriptArguments(reward_funcs=["nope"]))
+
+
+def test_help_shows_trls_arguments_and_gtpos():
+    r = subprocess.run([sys.executable, "-m", "gtpo_trl", "--help"], cwd=HERE, env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for flag in ("--model_name_or_path", "--dataset_name", "--reward_funcs", "--use_peft",
+                 "--num_generations", "--conflict_weight", "--entropy_term", "--task"):
+        assert flag in r.stdout, flag
+
+
+def _losses(out):
+    """Each step's logged row, its timings left out."""
+    with open(out / "checkpoint-2" / "trainer_state.json") as f:
+        rows = [r for r in json.load(f)["log_history"] if "loss" in r]
+    return [{k: v for k, v in r.items() if "time" not in k} for r in rows]
+
+
+@pytest.mark.slow
+def test_same_recipe_gives_trls_losses_with_gtpos_parts_off(tmp_path, tiny_model_dir):
+    """One YAML recipe through `trl grpo` (accelerate launch of TRL's script) and through `python -m gtpo_trl` (and
+    `accelerate launch -m gtpo_trl`) with lambda = 1 (conflict_weight 1, and no conflicts sampled), delta_i off and gamma 0: equal logged losses and
+    rewards, gradient norms and losses over 2 steps (the first step's loss is zero by Eq. 8's centring, the second's
+    is the KL term after the first update); launched alike (accelerate launch: one thread each), bit for bit."""
+    recipe = _recipe(tmp_path, tiny_model_dir)
+    env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": HERE}
+    trl = [os.path.join(os.path.dirname(sys.executable), "trl"), "grpo"]
+    off = ["--conflict_weight", "1", "--entropy_filter", "off", "--ent_gamma", "0"]
+    runs = {"trl": trl + ["--output_dir", str(tmp_path / "trl")],
+            "gtpo": [sys.executable, "-m", "gtpo_trl", "--output_dir", str(tmp_path / "gtpo"), *off],
+            "accelerate": [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--num_processes",
+                           "1", "-m", "gtpo_trl", "--output_dir", str(tmp_path / "accelerate"), *off]}
+    for name, command in runs.items():
+        r = subprocess.run(command + ["--config", str(recipe)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+    trl_rows, gtpo_rows, launched = (_losses(tmp_path / name) for name in runs)
+    assert len(trl_rows) == len(gtpo_rows) == len(launched) == 2
+    assert all(r["gtpo/conflict_frac"] == 0 for r in gtpo_rows)          # lambda = 1 on every token sampled
+    assert [r["reward_std"] for r in trl_rows] == [r["reward_std"] for r in gtpo_rows]   # the same completions
+    assert all(r["reward_std"] > 0 for r in trl_rows)                   # and a loss that is not zero by a flat group
+    assert trl_rows[1]["loss"] > 1e-6 and all(r["grad_norm"] > 0 for r in trl_rows)
+    for key in ("loss", "grad_norm", "kl", "entropy"):
+        assert [r[key] for r in gtpo_rows] == pytest.approx([r[key] for r in trl_rows], rel=1e-5, abs=1e-7), key
+        assert [r[key] for r in launched] == [r[key] for r in trl_rows], key    # one launcher, one thread: bit for bit

@@ -1,0 +1,146 @@
+"""GTPO from TRL's command line: `python -m gtpo_trl` (after `pip install ".[trl]"`, also `gtpo-trl`) takes what
+`trl grpo` takes -- TRL's parser (TrlParser) over the script's dataset and reward arguments, GTPOConfig (every
+GRPOConfig field, and GTPO's settings under train.py's names), ModelConfig (the model, its dtype, PEFT) and
+DatasetMixtureConfig, a `--config recipe.yaml` -- and runs GTPOTrainer where TRL's script runs GRPOTrainer, under
+`accelerate launch` as TRL's does. A refused option fails as GTPOConfig is made, before any model loads.
+
+    python -m gtpo_trl --config recipe.yaml                     # docs/trl.md, "From the command line"
+    accelerate launch --num_processes 2 -m gtpo_trl --config recipe.yaml
+    python -m gtpo_trl --example [--max_steps N]                # the embedded example (gtpo_trl.example_trainer)
+
+The dataset: --dataset_name or the recipe's `datasets:` as in TRL, or --task, a built-in task in the paper's
+prompt (`--task gsm8k`: GSM8K as train.py trains on it). Reward functions by name: TRL's (accuracy_reward,
+reasoning_accuracy_reward, think_format_reward, get_soft_overlong_punishment), the paper's (paper_reward;
+format_reward and gtpo_accuracy_reward, its two parts, whose sum it is; they compare answers as --task's), or a
+dotted import path.
+"""
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl import ScriptArguments
+
+@dataclass
+class GTPOScriptArguments(ScriptArguments):
+    """TRL's GRPO script arguments (the dataset's name, config and splits, a reward model, reward functions), and
+    the task: a built-in dataset in the paper's prompt, and how the paper's reward compares answers."""
+    reward_model_name_or_path: str = field(default=None, metadata={"help": "a reward model's Hub id or folder"})
+    reward_funcs: list[str] = field(default=None, metadata={
+        "help": "reward functions: TRL's (accuracy_reward, reasoning_accuracy_reward, think_format_reward, "
+                "get_soft_overlong_punishment), the paper's (paper_reward; format_reward and gtpo_accuracy_reward, "
+                "its two parts) or a dotted import path"})
+    task: str = field(default=None, metadata={
+        "help": "a built-in task (gsm8k, math, arithmetic, ...; data.TASKS): without --dataset_name or "
+                "`datasets:`, the dataset is its train and test splits in the paper's prompt "
+                "(App. 16.1) with an `answer` column; the paper's reward compares answers as the task does "
+                "(default: numbers as numbers, other answers as LaTeX)"})
+    one_shot: bool = field(default=False, metadata={
+        "help": "with --task: show the task's first training record as a worked example before each question "
+                "(then not trained on), as train.py --one_shot"})
+
+
+def paper_rewards(task):
+    """The paper's reward (rewards.trl_reward) and its two parts (rewards.trl_rewards), by their names here."""
+    from data import task_name
+    from rewards import trl_reward, trl_rewards
+    task = task_name(task) if task else "local"                  # "local": each answer by its reference
+    fmt, accuracy = trl_rewards(task)
+    return {"paper_reward": trl_reward(task), "format_reward": fmt, "gtpo_accuracy_reward": accuracy}
+
+
+def reward_functions(args):
+    """The reward model and functions the script's arguments name, in order (TRL's script's rule, with ours)."""
+    from trl.rewards import accuracy_reward, get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward
+    named = {"accuracy_reward": accuracy_reward, "reasoning_accuracy_reward": reasoning_accuracy_reward,
+             "think_format_reward": think_format_reward,
+             "get_soft_overlong_punishment": get_soft_overlong_punishment(max_completion_len=1280,
+                                                                          soft_punish_cache=256),
+             **paper_rewards(args.task)}
+    funcs = [args.reward_model_name_or_path] if args.reward_model_name_or_path else []
+    for name in args.reward_funcs or []:
+        if name in named:
+            funcs.append(named[name])
+        elif "." in name:
+            module, attr = name.rsplit(".", 1)
+            sys.path.insert(0, os.getcwd())
+            funcs.append(getattr(importlib.import_module(module), attr))
+        else:
+            raise ValueError(f"reward function {name!r}: none of {', '.join(named)}, and not a dotted import path")
+    return funcs
+
+
+def task_dataset(task, splits, one_shot=False):
+    """A built-in task's splits as TRL conversational rows, as train.py prompts them: `prompt` the paper's messages
+    (App. 16.1's system prompt; with one_shot the first training record as a worked example, then not trained on)
+    and `answer`."""
+    from datasets import Dataset, DatasetDict
+
+    from data import TASKS, build_messages, load_task, one_shot_example
+    if task not in TASKS:
+        raise ValueError(f"--task {task!r}: the dataset of a task is one of {', '.join(TASKS)}; give a file of "
+                         f"your own as TRL does (`datasets:` in the recipe, or --dataset_name)")
+    train = load_task(task, "train")
+    example = one_shot_example(train[0]) if one_shot else None
+    rows = {split: train[1 if one_shot else 0:] if split == "train" else load_task(task, split) for split in splits}
+    return DatasetDict({split: Dataset.from_list([{"prompt": build_messages(r["question"], example),
+                                                   "answer": r["answer"]} for r in records])
+                        for split, records in rows.items()})
+
+
+def run(script_args, training_args, model_args, dataset_args):
+    """TRL's GRPO script, with GTPOTrainer: the dataset (a mixture, --dataset_name, or --task's), the model by name
+    with ModelConfig's settings, its quantization and PEFT, then train and save."""
+    from datasets import load_dataset
+    from trl import get_dataset, get_peft_config, get_quantization_config
+
+    from gtpo_trl import GTPOTrainer
+    if not (dataset_args.datasets or script_args.dataset_name or script_args.task):
+        raise ValueError("no dataset: give --dataset_name, `datasets:` in the --config recipe, or --task (a built-in "
+                         "task in the paper's prompt, e.g. --task gsm8k)")
+    evaluate = training_args.eval_strategy != "no"
+    training_args.model_init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype,
+                                       "trust_remote_code": training_args.trust_remote_code,
+                                       "attn_implementation": model_args.attn_implementation,
+                                       **(training_args.model_init_kwargs or {})}
+    if dataset_args.datasets:
+        dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name:
+        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                               streaming=script_args.dataset_streaming)
+    else:
+        splits = [script_args.dataset_train_split] + ([script_args.dataset_test_split] if evaluate else [])
+        dataset = task_dataset(script_args.task, splits, script_args.one_shot)
+    trainer = GTPOTrainer(model=model_args.model_name_or_path, reward_funcs=reward_functions(script_args),
+                          args=training_args, train_dataset=dataset[script_args.dataset_train_split],
+                          eval_dataset=dataset[script_args.dataset_test_split] if evaluate else None,
+                          quantization_config=get_quantization_config(model_args),
+                          peft_config=get_peft_config(model_args))
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"done: model saved to {training_args.output_dir}")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    trainer.end()
+
+
+def parser():
+    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+
+    from gtpo_trl import GTPOConfig
+    return TrlParser((GTPOScriptArguments, GTPOConfig, ModelConfig, DatasetMixtureConfig), prog="python -m gtpo_trl",
+                     description=__doc__.split("\n\n")[0])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--example" in argv:
+        from gtpo_trl import example_main
+        return example_main([a for a in argv if a != "--example"])
+    script_args, training_args, model_args, dataset_args = parser().parse_args_and_config(argv)
+    run(script_args, training_args, model_args, dataset_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
