@@ -267,6 +267,9 @@ def own_tokens(batch):
 
 
 STATE_FILE = "gtpo_state.json"
+# what TRL's loss forward passes a vision-language model beside the tokens (GRPOTrainer._compute_loss)
+MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+              "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 
 class GTPOTrainer(GRPOTrainer):
@@ -384,14 +387,17 @@ class GTPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _mean_entropy(self, out, own=None):
         """<H>_i (Sec. 4.2) of each completion under the current policy: the mean entropy of the tokens it wrote
-        (own (n, T); None: every completion token). Where every process holds whole parameters and the model's
-        cache is a key/value one, the loop's pass: each prompt once for its consecutive completions, the LM head in
-        chunks (gtpo_logprobs.sequence_logprobs). Otherwise -- an engine that shards them (_shards_parameters), or a model
-        whose cache holds recurrent state (Mamba, linear attention) -- TRL's own no-grad forward in chunks of
-        per_device_train_batch_size rows: it gathers sharded parameters the engine's way, and every process calls
-        the model as often whatever its completions' lengths."""
+        (own (n, T); None: every completion token). Where every process holds whole parameters, the model's cache is
+        a key/value one and the prompts are text alone, the loop's pass: each prompt once for its consecutive
+        completions, the LM head in chunks (gtpo_logprobs.sequence_logprobs). Otherwise -- an engine that shards
+        them (_shards_parameters), a model whose cache holds recurrent state (Mamba, linear attention), or prompts
+        with images (MULTIMODAL: a vision-language model) -- TRL's own no-grad forward in chunks of
+        per_device_train_batch_size rows, with what its loss forward sees: it gathers sharded parameters the
+        engine's way, every process calls the model as often whatever its completions' lengths, and the images
+        reach the model as they do in the loss."""
         own = out["completion_mask"] if own is None else own
-        if self._shared_prompt and not self._shards_parameters():
+        images = {k: out[k] for k in MULTIMODAL if k in out}
+        if self._shared_prompt and not images and not self._shards_parameters():
             try:
                 return gtpo.masked_mean(self._prompt_once_entropy(out), own, dim=1)   # (n,)
             except UnsharedCache:
@@ -401,7 +407,7 @@ class GTPOTrainer(GRPOTrainer):
             _, entropy, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, torch.cat([out["prompt_mask"], out["completion_mask"]], 1),
                 out["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size,
-                compute_entropy=True)                                               # (n, T)
+                compute_entropy=True, **images)                                     # (n, T)
         return gtpo.masked_mean(entropy, own, dim=1)                                # (n,)
 
     def _prompt_once_entropy(self, out):
