@@ -474,9 +474,14 @@ def example_main(argv=None):
 
 
 def main(argv=None):
-    """`python -m gtpo_trl`: TRL's `trl grpo` command line with GTPOTrainer (trl_cli.py); --example: the example."""
-    from trl_cli import main as cli
-    return cli(argv)
+    """`python -m gtpo_trl`: TRL's `trl grpo` command line (trl_cli.py) with GTPOConfig and GTPOTrainer; a refused
+    option fails as the arguments are read. --example: the embedded example (example_main)."""
+    import trl_cli
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--example" in argv:
+        return example_main([a for a in argv if a != "--example"])
+    trl_cli.run(*trl_cli.parser(GTPOConfig).parse_args_and_config(argv), trainer_cls=GTPOTrainer)
+    return 0
 
 
 if __name__ == "__main__":

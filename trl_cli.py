@@ -2,7 +2,8 @@
 `trl grpo` takes -- TRL's parser (TrlParser) over the script's dataset and reward arguments, GTPOConfig (every
 GRPOConfig field, and GTPO's settings under train.py's names), ModelConfig (the model, its dtype, PEFT) and
 DatasetMixtureConfig, a `--config recipe.yaml` -- and runs GTPOTrainer where TRL's script runs GRPOTrainer, under
-`accelerate launch` as TRL's does. A refused option fails as GTPOConfig is made, before any model loads.
+`accelerate launch` as TRL's does (gtpo_trl.main gives parser and run the config and trainer classes). A refused
+option fails as GTPOConfig is made, before any model loads.
 
     python -m gtpo_trl --config recipe.yaml                     # docs/trl.md, "From the command line"
     accelerate launch --num_processes 2 -m gtpo_trl --config recipe.yaml
@@ -88,13 +89,13 @@ def task_dataset(task, splits, one_shot=False):
                         for split, records in rows.items()})
 
 
-def run(script_args, training_args, model_args, dataset_args):
-    """TRL's GRPO script, with GTPOTrainer: the dataset (a mixture, --dataset_name, or --task's), the model by name
-    with ModelConfig's settings, its quantization and PEFT, then train and save."""
+def run(script_args, training_args, model_args, dataset_args, trainer_cls):
+    """TRL's GRPO script with trainer_cls (gtpo_trl.GTPOTrainer) where it has GRPOTrainer: the dataset (a mixture,
+    --dataset_name, or --task's), the model by name with ModelConfig's settings, its quantization and PEFT, then
+    train and save."""
     from datasets import load_dataset
     from trl import get_dataset, get_peft_config, get_quantization_config
 
-    from gtpo_trl import GTPOTrainer
     if not (dataset_args.datasets or script_args.dataset_name or script_args.task):
         raise ValueError("no dataset: give --dataset_name, `datasets:` in the --config recipe, or --task (a built-in "
                          "task in the paper's prompt, e.g. --task gsm8k)")
@@ -111,7 +112,7 @@ def run(script_args, training_args, model_args, dataset_args):
     else:
         splits = [script_args.dataset_train_split] + ([script_args.dataset_test_split] if evaluate else [])
         dataset = task_dataset(script_args.task, splits, script_args.one_shot)
-    trainer = GTPOTrainer(model=model_args.model_name_or_path, reward_funcs=reward_functions(script_args),
+    trainer = trainer_cls(model=model_args.model_name_or_path, reward_funcs=reward_functions(script_args),
                           args=training_args, train_dataset=dataset[script_args.dataset_train_split],
                           eval_dataset=dataset[script_args.dataset_test_split] if evaluate else None,
                           quantization_config=get_quantization_config(model_args),
@@ -124,23 +125,8 @@ def run(script_args, training_args, model_args, dataset_args):
     trainer.end()
 
 
-def parser():
+def parser(config_cls):
+    """TRL's GRPO script's parser with config_cls (gtpo_trl.GTPOConfig) where it has GRPOConfig."""
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
-
-    from gtpo_trl import GTPOConfig
-    return TrlParser((GTPOScriptArguments, GTPOConfig, ModelConfig, DatasetMixtureConfig), prog="python -m gtpo_trl",
+    return TrlParser((GTPOScriptArguments, config_cls, ModelConfig, DatasetMixtureConfig), prog="python -m gtpo_trl",
                      description=__doc__.split("\n\n")[0])
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--example" in argv:
-        from gtpo_trl import example_main
-        return example_main([a for a in argv if a != "--example"])
-    script_args, training_args, model_args, dataset_args = parser().parse_args_and_config(argv)
-    run(script_args, training_args, model_args, dataset_args)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

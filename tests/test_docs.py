@@ -120,7 +120,8 @@ PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.pa
 OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help", "nnodes",
                "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank", "num_machines", "machine_rank",
                "main_process_ip", "main_process_port", "mixed_precision",
-               "max_step"}          # pip's, torchrun's and accelerate's; --max_step: training.md's refused abbreviation
+               "per_device_train_batch_size", "eval_strategy",   # GRPOConfig's, which python -m gtpo_trl takes
+               "max_step"}          # pip's, torchrun's, accelerate's, TRL's; --max_step: training.md's refused abbreviation
 
 
 def names(module):
@@ -142,7 +143,7 @@ def names(module):
 
 
 def test_every_flag_and_function_the_pages_name_exists():
-    """Each `--flag` on a page is one our scripts declare (or pip's, torchrun's, accelerate's), each `module.name`
+    """Each `--flag` on a page is one our scripts declare (or pip's, torchrun's, accelerate's, TRL's), each `module.name`
     in backticks is an attribute of that module of ours, and each test_* named is a test that exists."""
     import glob
     import re

@@ -10,7 +10,9 @@ import pytest
 
 pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r requirements-trl.txt")
 
+import gtpo_trl                                                         # noqa: E402
 import trl_cli                                                          # noqa: E402
+from gtpo_trl import GTPOConfig                                         # noqa: E402
 from conftest import ENV, HERE                                          # noqa: E402
 
 RECIPE = "configs/gtpo-llama8b-gsm8k.yaml"
@@ -44,7 +46,7 @@ def test_recipe_reads_trls_fields_and_gtpos_own(tmp_path):
     """A YAML recipe fills TRL's dataclasses and GTPOConfig's own fields (conflict_weight); the command line
     overrides the recipe, as TRL's parser does."""
     recipe = _recipe(tmp_path, "some/model", conflict_weight=1.5, entropy_term="eq7")
-    script, training, model, _ = trl_cli.parser().parse_args_and_config(
+    script, training, model, _ = trl_cli.parser(GTPOConfig).parse_args_and_config(
         ["--config", str(recipe), "--output_dir", str(tmp_path / "out"), "--ent_gamma", "0.01"])
     assert model.model_name_or_path == "some/model" and script.reward_funcs == ["cli_rewards.length_reward"]
     assert (training.num_generations, training.max_completion_length, training.loss_type) == (4, 8, "grpo")
@@ -59,7 +61,7 @@ def test_the_papers_recipe_is_train_pys_paper_run(tmp_path):
     and the objective (gtpo.Objective, field by field)."""
     import config
     cfg = config.parse_args(["--model", "llama-8b", "--dataset", "gsm8k", "--use_gtpo", "--device", "cuda"])
-    script, t, m, _ = trl_cli.parser().parse_args_and_config(    # use_cpu: bf16 is refused on a CPU otherwise
+    script, t, m, _ = trl_cli.parser(GTPOConfig).parse_args_and_config(    # use_cpu: bf16 is refused on a CPU otherwise
         ["--config", os.path.join(HERE, RECIPE), "--use_cpu", "true"])
     assert m.model_name_or_path == config.ALIASES[cfg.model][0] and m.load_in_4bit == cfg.load_in_4bit
     assert m.use_peft and m.lora_r == m.lora_alpha == cfg.lora_rank and m.lora_dropout == 0
@@ -80,7 +82,7 @@ def test_refused_option_fails_before_any_model_loads(tmp_path):
     model named does not exist, so any attempt to load it would fail otherwise."""
     recipe = _recipe(tmp_path, str(tmp_path / "no-such-model"), entropy_coef=0.01)
     with pytest.raises(ValueError, match=r"^GTPOConfig: entropy_coef=0.01 replaces .* which GTPO defines; use 0.0"):
-        trl_cli.main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+        gtpo_trl.main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
 
