@@ -86,7 +86,75 @@ def _idefics3(tok_kw):
     return Idefics3ForConditionalGeneration(cfg), processor
 
 
-FAMILIES = {"gemma3": _gemma3, "llava_next": _llava_next, "idefics3": _idefics3}
+def _images_only(processor_cls):
+    """A Qwen-VL processor class without its video part: transformers builds that part only with torchvision, which
+    the project does not install (the registry's wheel links the CUDA build of torch), and images never use it."""
+    class ImagesOnly(processor_cls):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            # ProcessorMixin takes its parts from this signature, so the video processor is dropped where it
+            # pairs the parent's arguments with them
+            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+    return ImagesOnly
+
+
+def _qwen_vl(model_cls, config_cls, processor_cls, vision, patch=14, rope=None):
+    """Qwen-VL: patches merged 2 x 2, as many image tokens as the image's size gives (image_grid_thw), positions in
+    3 parts (M-RoPE) that the model derives from the image's grid."""
+    def build(tok_kw):
+        from transformers import AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        tok = AutoTokenizer.from_pretrained(embedded_model_dir(), extra_special_tokens={
+            "image_token": "<|image_pad|>", "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"})
+        images = Qwen2VLImageProcessorPil(min_pixels=(2 * patch) ** 2, max_pixels=(4 * patch) ** 2, patch_size=patch,
+                                          merge_size=2, temporal_patch_size=2)
+        processor = _images_only(processor_cls)(image_processor=images, tokenizer=tok,
+                                                chat_template=_template("<|vision_start|><|image_pad|><|vision_end|>"))
+        cfg = config_cls(text_config=dict(vocab_size=len(tok), **TEXT, **tok_kw(tok),
+                                          **(rope or {"rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}})),
+                         vision_config=dict(patch_size=patch, spatial_merge_size=2, temporal_patch_size=2, num_heads=2,
+                                            **vision),
+                         image_token_id=tok.image_token_id, vision_start_token_id=tok.vision_start_token_id,
+                         video_token_id=tok.eos_token_id)
+        return model_cls(cfg), processor
+    return build
+
+
+def _qwen2_vl(tok_kw):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+    return _qwen_vl(Qwen2VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLProcessor,
+                    dict(depth=1, embed_dim=32, hidden_size=32, mlp_ratio=2))(tok_kw)
+
+
+def _qwen2_5_vl(tok_kw):
+    """Qwen2.5-VL: as Qwen2-VL, with windowed attention in the vision tower but for the blocks named full."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    return _qwen_vl(Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig, Qwen2_5_VLProcessor,
+                    dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=64, window_size=56,
+                         fullatt_block_indexes=[1]))(tok_kw)
+
+
+def _qwen3_vl(tok_kw):
+    """Qwen3-VL: patches of 16, learned position embeddings in the tower, features of inner tower blocks added to
+    the first layers' hidden states at the image tokens (deepstack), M-RoPE's parts interleaved."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    return _qwen_vl(Qwen3VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLProcessor,
+                    dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=64, num_position_embeddings=16,
+                         deepstack_visual_indexes=[0]), patch=16,
+                    rope={"head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                            "mrope_section": [1, 1, 2], "mrope_interleaved": True}})(tok_kw)
+
+
+FAMILIES = {"gemma3": _gemma3, "llava_next": _llava_next, "idefics3": _idefics3, "qwen2_vl": _qwen2_vl,
+            "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl}
+IMAGES_ONLY = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}   # model_type -> processor
+
+
+def _processor(folder):
+    """The saved processor, a Qwen-VL one without its video part (_images_only)."""
+    import transformers
+    from transformers import AutoConfig, AutoProcessor
+    name = IMAGES_ONLY.get(AutoConfig.from_pretrained(folder).model_type)
+    return _images_only(getattr(transformers, name)).from_pretrained(folder) if name else AutoProcessor.from_pretrained(folder)
 
 
 @functools.lru_cache
@@ -118,7 +186,7 @@ def _length(completions, **_):
 
 def _train(folder, method, cls=None, **kw):
     """2 optimizer steps -> ([logged row per step], [{parameter: gradient} per step], the trainer)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from transformers import AutoModelForImageTextToText, TrainerCallback
     steps = []
 
     class Grads(TrainerCallback):
@@ -128,7 +196,7 @@ def _train(folder, method, cls=None, **kw):
     config, trainer = {"grpo": (GRPOConfig, GRPOTrainer), "gtpo": (GTPOConfig, GTPOTrainer)}[method]
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-    t = (cls or trainer)(model=model, processing_class=AutoProcessor.from_pretrained(folder), reward_funcs=[_length],
+    t = (cls or trainer)(model=model, processing_class=_processor(folder), reward_funcs=[_length],
                          args=config(output_dir=f"/tmp/gtpo-vlm-{method}", **{**BASE, **kw}), callbacks=[Grads()],
                          train_dataset=_dataset())
     t.train()
