@@ -474,13 +474,14 @@ def example_main(argv=None):
 
 
 def main(argv=None):
-    """`python -m gtpo_trl`: TRL's `trl grpo` command line (trl_cli.py) with GTPOConfig and GTPOTrainer; a refused
-    option fails as the arguments are read. --example: the embedded example (example_main)."""
-    from trl_cli import parser, run                 # installed as gtpo_trl_cli: setup.py renames the import
+    """`python -m gtpo_trl`: TRL's `trl grpo` command line (trl_cli.py) with GTPOConfig and GTPOTrainer, launched
+    through accelerate as TRL's is; a refused option fails as the arguments are read. --example: the embedded
+    example (example_main)."""
+    from trl_cli import command                     # installed as gtpo_trl_cli: setup.py renames the import
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--example" in argv:
         return example_main([a for a in argv if a != "--example"])
-    run(*parser(GTPOConfig).parse_args_and_config(argv), trainer_cls=GTPOTrainer)
+    command(argv, GTPOConfig, GTPOTrainer, __file__)
     return 0
 
 

@@ -1,11 +1,12 @@
 """GTPO from TRL's command line: `python -m gtpo_trl` (after `pip install ".[trl]"`, also `gtpo-trl`) takes what
 `trl grpo` takes -- TRL's parser (TrlParser) over the script's dataset and reward arguments, GTPOConfig (every
 GRPOConfig field, and GTPO's settings under train.py's names), ModelConfig (the model, its dtype, PEFT) and
-DatasetMixtureConfig, a `--config recipe.yaml` -- and runs GTPOTrainer where TRL's script runs GRPOTrainer, under
-`accelerate launch` as TRL's does (gtpo_trl.main gives parser and run the config and trainer classes). A refused
-option fails as GTPOConfig is made, before any model loads.
+DatasetMixtureConfig, a `--config recipe.yaml`, accelerate's launch flags -- and, as `trl grpo` does, launches the
+run through `accelerate launch`, which runs GTPOTrainer where TRL's script runs GRPOTrainer (gtpo_trl.main gives
+the config and trainer classes). A refused option fails as GTPOConfig is made, before any model loads.
 
     python -m gtpo_trl --config recipe.yaml                     # docs/trl.md, "From the command line"
+    python -m gtpo_trl --config recipe.yaml --num_processes 2   # accelerate's flags, as trl grpo takes them
     accelerate launch --num_processes 2 -m gtpo_trl --config recipe.yaml
     python -m gtpo_trl --example [--max_steps N]                # the embedded example (gtpo_trl.example_trainer)
 
@@ -123,6 +124,36 @@ def run(script_args, training_args, model_args, dataset_args, trainer_cls):
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     trainer.end()
+
+
+def launched():
+    """Whether a launcher started this process: accelerate launch sets ACCELERATE_MIXED_PRECISION in each process it
+    starts, torchrun RANK."""
+    return "ACCELERATE_MIXED_PRECISION" in os.environ or "RANK" in os.environ
+
+
+def command(argv, config_cls, trainer_cls, script):
+    """`trl grpo`'s two halves. Here: the arguments read (--help, or a refused option, ends it before anything
+    loads), then `accelerate launch` of `script` with accelerate's flags (--num_processes, --multi_gpu,
+    --config_file, TRL's --accelerate_config, or a recipe's key that only accelerate knows) and the script's own.
+    In a launched process: the run (a recipe's keys for accelerate left aside, as TRL's script does)."""
+    args = parser(config_cls)
+    if launched():
+        return run(*args.parse_args_and_config(argv, fail_with_unknown_args=False), trainer_cls=trainer_cls)
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+    *_, from_recipe, from_argv = args.parse_args_and_config(argv, return_remaining_strings=True,
+                                                            separate_remaining_strings=True)
+    rest = iter(from_argv)
+    wanted = next(rest, None)
+    own = []                                            # argv less accelerate's flags, each in its place
+    for a in argv:
+        if a == wanted:
+            wanted = next(rest, None)
+        else:
+            own.append(a)
+    launch = resolve_accelerate_config_argument(from_recipe + from_argv)
+    launch_command(launch_command_parser().parse_args(launch + [os.path.abspath(script)] + own))
 
 
 def parser(config_cls):

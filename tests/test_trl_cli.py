@@ -13,11 +13,16 @@ pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r 
 import gtpo_trl                                                         # noqa: E402
 import trl_cli                                                          # noqa: E402
 from gtpo_trl import GTPOConfig                                         # noqa: E402
-from conftest import ENV, HERE                                          # noqa: E402
+from conftest import ENV, HERE, free_port                               # noqa: E402
 
 RECIPE = "configs/gtpo-llama8b-gsm8k.yaml"
-REWARD = '''def length_reward(completions, **_):
-    """A reward that differs within a group: the completion's length in characters."""
+REWARD = '''import os
+
+
+def length_reward(completions, **_):
+    """A reward that differs within a group: the completion's length in characters; each process that scores
+    leaves a file named by its rank and process id."""
+    open(f"scored-by-{os.environ.get('RANK')}-{os.getpid()}", "a").close()
     return [float(len(c)) for c in completions]
 '''
 
@@ -86,6 +91,26 @@ def test_refused_option_fails_before_any_model_loads(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_path, monkeypatch):
+    """As `trl grpo`: accelerate's flags from the command line and a recipe key only accelerate knows go to
+    `accelerate launch`, which runs gtpo_trl.py with the other arguments in their order; a flag neither knows is
+    refused before anything launches."""
+    for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    launched = []
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
+    recipe = _recipe(tmp_path, "m", num_processes=2)
+    gtpo_trl.main(["--config", str(recipe), "--multi_gpu", "--max_steps", "3", "--main_process_port", "29555",
+                   "--ent_gamma", "0"])
+    (args,) = launched
+    assert args.num_processes == 2 and args.multi_gpu and args.main_process_port == 29555
+    assert args.training_script == os.path.abspath(gtpo_trl.__file__)
+    assert args.training_script_args == ["--config", str(recipe), "--max_steps", "3", "--ent_gamma", "0"]
+    with pytest.raises(SystemExit):
+        gtpo_trl.main(["--config", str(recipe), "--no_such_flag", "1"])
+    assert len(launched) == 1
+
+
 def test_reward_functions_by_name_and_path(tmp_path, monkeypatch):
     """TRL's names, the paper's reward and its parts (which sum to it), a dotted path; an unknown name is named."""
     monkeypatch.chdir(tmp_path)
@@ -122,10 +147,10 @@ def _losses(out):
 
 @pytest.mark.slow
 def test_same_recipe_gives_trls_losses_with_gtpos_parts_off(tmp_path, tiny_model_dir):
-    """One YAML recipe through `trl grpo` (accelerate launch of TRL's script) and through `python -m gtpo_trl` (and
-    `accelerate launch -m gtpo_trl`) with lambda = 1 (conflict_weight 1, and no conflicts sampled), delta_i off and gamma 0: equal logged losses and
-    rewards, gradient norms and losses over 2 steps (the first step's loss is zero by Eq. 8's centring, the second's
-    is the KL term after the first update); launched alike (accelerate launch: one thread each), bit for bit."""
+    """One YAML recipe through `trl grpo`, `python -m gtpo_trl` (both launch through accelerate) and `accelerate
+    launch -m gtpo_trl` with lambda = 1 (conflict_weight 1, and no conflicts sampled), delta_i off and gamma 0: the
+    same logged losses, rewards, gradient norms, KL and entropies over 2 steps, bit for bit (the first step's loss
+    is zero by Eq. 8's centring, the second's is the KL term after the first update)."""
     recipe = _recipe(tmp_path, tiny_model_dir)
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": HERE}
     trl = [os.path.join(os.path.dirname(sys.executable), "trl"), "grpo"]
@@ -140,10 +165,33 @@ def test_same_recipe_gives_trls_losses_with_gtpos_parts_off(tmp_path, tiny_model
         assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
     trl_rows, gtpo_rows, launched = (_losses(tmp_path / name) for name in runs)
     assert len(trl_rows) == len(gtpo_rows) == len(launched) == 2
-    assert all(r["gtpo/conflict_frac"] == 0 for r in gtpo_rows)          # lambda = 1 on every token sampled
-    assert [r["reward_std"] for r in trl_rows] == [r["reward_std"] for r in gtpo_rows]   # the same completions
-    assert all(r["reward_std"] > 0 for r in trl_rows)                   # and a loss that is not zero by a flat group
+    assert all(r["gtpo/conflict_frac"] == 0 for r in gtpo_rows + launched)    # lambda = 1 on every token sampled
+    assert all(r["reward_std"] > 0 for r in trl_rows)                   # a loss that is not zero by a flat group
     assert trl_rows[1]["loss"] > 1e-6 and all(r["grad_norm"] > 0 for r in trl_rows)
-    for key in ("loss", "grad_norm", "kl", "entropy"):
-        assert [r[key] for r in gtpo_rows] == pytest.approx([r[key] for r in trl_rows], rel=1e-5, abs=1e-7), key
-        assert [r[key] for r in launched] == [r[key] for r in trl_rows], key    # one launcher, one thread: bit for bit
+    for key in ("loss", "grad_norm", "kl", "entropy", "reward_std"):
+        assert [r[key] for r in gtpo_rows] == [r[key] for r in trl_rows], key
+        assert [r[key] for r in launched] == [r[key] for r in trl_rows], key
+
+
+@pytest.mark.slow
+def test_two_processes_give_trls_losses_with_gtpos_parts_off(tmp_path, tiny_model_dir):
+    """`trl grpo` and `python -m gtpo_trl`, each with accelerate's `--multi_gpu --num_processes 2` (its launcher of
+    one process per rank, gloo on CPU, one thread each; without --multi_gpu a CPU gets one process) over one recipe of 4 completions a process, GTPO's parts off: each process scores its own completions, and
+    the two commands log the same losses, gradient norms, KL and entropies, bit for bit."""
+    recipe = _recipe(tmp_path, tiny_model_dir, per_device_train_batch_size=4)
+    env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([HERE, str(tmp_path)]), "OMP_NUM_THREADS": "1"}
+    off = ["--conflict_weight", "1", "--entropy_filter", "off", "--ent_gamma", "0"]
+    runs = {"trl": [os.path.join(os.path.dirname(sys.executable), "trl"), "grpo"],
+            "gtpo": [sys.executable, "-m", "gtpo_trl", *off]}
+    for name, command in runs.items():
+        (tmp_path / name).mkdir()
+        r = subprocess.run(command + ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port()), "--config",
+                                      str(recipe), "--output_dir", str(tmp_path / name)],
+                           cwd=tmp_path / name, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+        assert len(list((tmp_path / name).glob("scored-by-*"))) == 2, (name, sorted((tmp_path / name).iterdir()))
+    trl_rows, gtpo_rows = _losses(tmp_path / "trl"), _losses(tmp_path / "gtpo")
+    assert len(trl_rows) == len(gtpo_rows) == 2 and all(r["gtpo/conflict_frac"] == 0 for r in gtpo_rows)
+    assert all(r["reward_std"] > 0 for r in trl_rows) and trl_rows[1]["loss"] > 1e-6
+    for key in ("loss", "grad_norm", "kl", "entropy", "reward_std"):
+        assert [r[key] for r in gtpo_rows] == [r[key] for r in trl_rows], key
