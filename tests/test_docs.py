@@ -119,7 +119,7 @@ def test_readme_q9_sentence_is_the_studys():
 PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(HERE, "docs")) if f.endswith(".md"))
 OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help", "nnodes",
                "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank", "num_machines", "machine_rank",
-               "main_process_ip", "main_process_port", "mixed_precision",
+               "main_process_ip", "main_process_port", "mixed_precision", "multi_gpu", "accelerate_config",
                "per_device_train_batch_size", "eval_strategy",   # GRPOConfig's, which python -m gtpo_trl takes
                "max_step"}          # pip's, torchrun's, accelerate's, TRL's; --max_step: training.md's refused abbreviation
 
