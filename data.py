@@ -346,6 +346,16 @@ def one_shot_example(record):
     return record["question"], tagged_solution(record)
 
 
+def task_split(task, split, one_shot=False, data_dir=None):
+    """(records, example) of a task's split: with one_shot the example is the first training record, which the
+    train split then leaves out (train.py --one_shot); else None."""
+    train = load_task(task, "train", data_dir) if one_shot or split == "train" else None
+    example = one_shot_example(train[0]) if one_shot else None
+    if split == "train":
+        return train[1:] if one_shot else train, example
+    return load_task(task, split, data_dir), example
+
+
 def task_name(dataset):
     """The reward's task name for a --dataset value: 'gsm8k', or 'mine' for 'data/mine.jsonl'."""
     return os.path.basename(dataset).removesuffix(".jsonl")

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 import gtpo
-from data import format_prompt, load_task, one_shot_example
+from data import format_prompt, task_split
 from gtpo_logprobs import UnsharedCache, sequence_logprobs
 from models import embedded_model_dir
 
@@ -429,11 +429,9 @@ def example_dataset(tok, task="arithmetic", split="train"):
     """A task's records of a split as a TRL dataset in the project's prompt format: `prompt` (App. 16.1's system
     prompt, the task's first training record as the worked one-shot example, then not trained on) and `answer`."""
     from datasets import Dataset
-    records = load_task(task, "train")
-    example = one_shot_example(records[0])
-    rows = records[1:] if split == "train" else load_task(task, split)
+    records, example = task_split(task, split, one_shot=True)
     return Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
-                              for r in rows])
+                              for r in records])
 
 
 def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):

@@ -78,16 +78,14 @@ def task_dataset(task, splits, one_shot=False):
     and `answer`."""
     from datasets import Dataset, DatasetDict
 
-    from data import TASKS, build_messages, load_task, one_shot_example
+    from data import TASKS, build_messages, task_split
     if task not in TASKS:
         raise ValueError(f"--task {task!r}: the dataset of a task is one of {', '.join(TASKS)}; give a file of "
                          f"your own as TRL does (`datasets:` in the recipe, or --dataset_name)")
-    train = load_task(task, "train")
-    example = one_shot_example(train[0]) if one_shot else None
-    rows = {split: train[1 if one_shot else 0:] if split == "train" else load_task(task, split) for split in splits}
+    parts = {split: task_split(task, split, one_shot) for split in splits}
     return DatasetDict({split: Dataset.from_list([{"prompt": build_messages(r["question"], example),
                                                    "answer": r["answer"]} for r in records])
-                        for split, records in rows.items()})
+                        for split, (records, example) in parts.items()})
 
 
 def run(script_args, training_args, model_args, dataset_args, trainer_cls):

@@ -111,6 +111,27 @@ def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_pat
     assert len(launched) == 1
 
 
+def test_task_is_train_pys_prompts_as_conversational_rows():
+    """--task: each split's rows in the paper's messages, which TRL's chat template renders to train.py's prompt text
+    (data.format_prompt); with --one_shot the first training record is the worked example and not a training row."""
+    from data import format_prompt, load_task, one_shot_example
+    from models import embedded_model_dir, load_tokenizer
+    tok = load_tokenizer(embedded_model_dir())
+    train, test = load_task("arithmetic", "train"), load_task("arithmetic", "test")
+    for one_shot in (False, True):
+        d = trl_cli.task_dataset("arithmetic", ["train", "test"], one_shot)
+        example = one_shot_example(train[0]) if one_shot else None
+        assert [r["answer"] for r in d["train"]] == [r["answer"] for r in train[1 if one_shot else 0:]]
+        assert [r["answer"] for r in d["test"]] == [r["answer"] for r in test]
+        for split, records in (("train", train[1 if one_shot else 0:]), ("test", test)):
+            row, record = d[split][0], records[0]
+            assert len(row["prompt"]) == (4 if one_shot else 2) and row["prompt"][-1]["content"] == record["question"]
+            assert tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) == \
+                format_prompt(tok, record["question"], example)
+    with pytest.raises(ValueError, match="--task 'nope': the dataset of a task is one of"):
+        trl_cli.task_dataset("nope", ["train"])
+
+
 def test_reward_functions_by_name_and_path(tmp_path, monkeypatch):
     """TRL's names, the paper's reward and its parts (which sum to it), a dotted path; an unknown name is named."""
     monkeypatch.chdir(tmp_path)
