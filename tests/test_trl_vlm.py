@@ -209,11 +209,17 @@ def vlm_dir(request, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir):
+def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir, monkeypatch):
     """<H>_i of a batch with images equals the mean, over each completion's tokens, of the entropies TRL's loss
     forward computes for it, and differs from the text-only value (the prompt-once pass on the same tokens without
-    the images)."""
+    the images); Eq. 5's conflict spans are sought in the completions alone, where no image is."""
     seen = {}
+    spans = gtpo.batch_conflict_weights
+
+    def spans_of(ids, *args):
+        seen.setdefault("span_ids", ids.clone())
+        return spans(ids, *args)
+    monkeypatch.setattr(gtpo, "batch_conflict_weights", spans_of)
 
     class Recording(GTPOTrainer):
         def _mean_entropy(self, out, own=None):
@@ -244,6 +250,7 @@ def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir):
     with torch.no_grad():
         text_only = gtpo.masked_mean(t._prompt_once_entropy(out), out["completion_mask"], dim=1)
     assert (h - text_only).abs().max() > 1e-3, (h, text_only)
+    assert torch.equal(seen["span_ids"], out["completion_ids"])
 
 
 @pytest.mark.slow
