@@ -479,8 +479,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--example" in argv:
         return example_main([a for a in argv if a != "--example"])
-    command(argv, GTPOConfig, GTPOTrainer, __file__)
-    return 0
+    return command(argv, GTPOConfig, GTPOTrainer, __file__)
 
 
 if __name__ == "__main__":

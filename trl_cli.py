@@ -18,6 +18,7 @@ dotted import path.
 """
 import importlib
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
@@ -88,6 +89,16 @@ def task_dataset(task, splits, one_shot=False):
                         for split, (records, example) in parts.items()})
 
 
+def check(script_args, model_args, dataset_args):
+    """A model and a dataset are named, or a ValueError says how to name them."""
+    if not model_args.model_name_or_path:
+        raise ValueError("no model: give --model_name_or_path (a Hub id or a folder), or `model_name_or_path:` in "
+                         "the --config recipe")
+    if not (dataset_args.datasets or script_args.dataset_name or script_args.task):
+        raise ValueError("no dataset: give --dataset_name, `datasets:` in the --config recipe, or --task (a built-in "
+                         "task in the paper's prompt, e.g. --task gsm8k)")
+
+
 def run(script_args, training_args, model_args, dataset_args, trainer_cls):
     """TRL's GRPO script with trainer_cls (gtpo_trl.GTPOTrainer) where it has GRPOTrainer: the dataset (a mixture,
     --dataset_name, or --task's), the model by name with ModelConfig's settings, its quantization and PEFT, then
@@ -95,9 +106,7 @@ def run(script_args, training_args, model_args, dataset_args, trainer_cls):
     from datasets import load_dataset
     from trl import get_dataset, get_peft_config, get_quantization_config
 
-    if not (dataset_args.datasets or script_args.dataset_name or script_args.task):
-        raise ValueError("no dataset: give --dataset_name, `datasets:` in the --config recipe, or --task (a built-in "
-                         "task in the paper's prompt, e.g. --task gsm8k)")
+    check(script_args, model_args, dataset_args)
     evaluate = training_args.eval_strategy != "no"
     training_args.model_init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype,
                                        "trust_remote_code": training_args.trust_remote_code,
@@ -134,14 +143,17 @@ def command(argv, config_cls, trainer_cls, script):
     """`trl grpo`'s two halves. Here: the arguments read (--help, or a refused option, ends it before anything
     loads), then `accelerate launch` of `script` with accelerate's flags (--num_processes, --multi_gpu,
     --config_file, TRL's --accelerate_config, or a recipe's key that only accelerate knows) and the script's own.
-    In a launched process: the run (a recipe's keys for accelerate left aside, as TRL's script does)."""
+    In a launched process: the run (a recipe's keys for accelerate left aside, as TRL's script does).
+    Returns the exit code."""
     args = parser(config_cls)
     if launched():
-        return run(*args.parse_args_and_config(argv, fail_with_unknown_args=False), trainer_cls=trainer_cls)
+        run(*args.parse_args_and_config(argv, fail_with_unknown_args=False), trainer_cls=trainer_cls)
+        return 0
     from accelerate.commands.launch import launch_command, launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
-    *_, from_recipe, from_argv = args.parse_args_and_config(argv, return_remaining_strings=True,
-                                                            separate_remaining_strings=True)
+    script_args, _, model_args, dataset_args, from_recipe, from_argv = args.parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True)
+    check(script_args, model_args, dataset_args)
     rest = iter(from_argv)
     wanted = next(rest, None)
     own = []                                            # argv less accelerate's flags, each in its place
@@ -151,7 +163,11 @@ def command(argv, config_cls, trainer_cls, script):
         else:
             own.append(a)
     launch = resolve_accelerate_config_argument(from_recipe + from_argv)
-    launch_command(launch_command_parser().parse_args(launch + [os.path.abspath(script)] + own))
+    try:
+        launch_command(launch_command_parser().parse_args(launch + [os.path.abspath(script)] + own))
+    except subprocess.CalledProcessError as e:        # the run's own error is printed above: its code, no 2nd trace
+        return e.returncode
+    return 0
 
 
 def parser(config_cls):

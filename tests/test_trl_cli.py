@@ -93,8 +93,8 @@ def test_refused_option_fails_before_any_model_loads(tmp_path):
 
 def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_path, monkeypatch):
     """As `trl grpo`: accelerate's flags from the command line and a recipe key only accelerate knows go to
-    `accelerate launch`, which runs gtpo_trl.py with the other arguments in their order; a flag neither knows is
-    refused before anything launches."""
+    `accelerate launch`, which runs gtpo_trl.py with the other arguments in their order; a flag neither knows, a
+    missing dataset or model, is refused before anything launches."""
     for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
         monkeypatch.delenv(name, raising=False)
     launched = []
@@ -108,7 +108,21 @@ def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_pat
     assert args.training_script_args == ["--config", str(recipe), "--max_steps", "3", "--ent_gamma", "0"]
     with pytest.raises(SystemExit):
         gtpo_trl.main(["--config", str(recipe), "--no_such_flag", "1"])
+    with pytest.raises(ValueError, match="^no dataset: give --dataset_name"):
+        gtpo_trl.main(["--model_name_or_path", "m", "--output_dir", str(tmp_path / "out"), "--use_cpu"])
+    with pytest.raises(ValueError, match="^no model: give --model_name_or_path"):
+        gtpo_trl.main(["--task", "gsm8k", "--output_dir", str(tmp_path / "out"), "--use_cpu"])
     assert len(launched) == 1
+
+
+def test_a_failed_run_gives_its_exit_code_without_a_second_traceback(tmp_path, monkeypatch):
+    for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+
+    def fails(args):
+        raise subprocess.CalledProcessError(3, ["python", args.training_script])
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", fails)
+    assert gtpo_trl.main(["--config", str(_recipe(tmp_path, "m"))]) == 3
 
 
 def test_task_is_train_pys_prompts_as_conversational_rows():
