@@ -179,7 +179,7 @@ def q10_arms():
     collapse, learn = Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7"], Q7_GTPO
     step = [a for g in Q10_NEXT for a in (
         Arm(f"q10-collapse-g{g}", f"GTPO, Eq. 7, γ {g}", collapse + ["--ent_gamma", g], Q10_COLLAPSE_SEEDS,
-            "warmup-q10-collapse", (("rung",),), when=g),
+            "warmup-collapse", (("rung",),), when=g),    # Q6's own warm-up: docs/study.md, the amendment to part 10
         Arm(f"q10-learn-g{g}", f"GTPO, Eq. 7, γ {g}", learn + ["--ent_gamma", g], Q7_SEEDS, "warmup-q10-learn",
             Q7_EVALS, when=g))]
     return [Arm("warmup-q10-learn", "SFT warm-up, 32 steps", WARMUP_LONG, Q7_SEEDS),
