@@ -177,9 +177,13 @@ def q10_arms():
     Eq. 7 at gamma 0.01 and GRPO again (for pairs from one warm-up) where the model learns; the next step's gamma
     in both settings (`when`: study/q10.py's next_step must name it); the runs read beside them."""
     collapse, learn = Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7"], Q7_GTPO
-    step = [a for g in Q10_NEXT for a in (
+    # the host that trains the collapse setting's gamma 0.03 cannot rebuild its seeds' warm-ups: it trains its own
+    # (docs/study.md, the amendment to part 10)
+    warmup = {"0.001": "warmup-q10-collapse", "0.03": "warmup-q10h-collapse"}
+    step = [Arm("warmup-q10h-collapse", "SFT warm-up, 32 steps, on the host that trains γ 0.03", WARMUP_LONG,
+                Q10_COLLAPSE_SEEDS, when="0.03")] + [a for g in Q10_NEXT for a in (
         Arm(f"q10-collapse-g{g}", f"GTPO, Eq. 7, γ {g}", collapse + ["--ent_gamma", g], Q10_COLLAPSE_SEEDS,
-            "warmup-collapse", (("rung",),), when=g),    # Q6's own warm-up: docs/study.md, the amendment to part 10
+            warmup[g], (("rung",),), when=g),
         Arm(f"q10-learn-g{g}", f"GTPO, Eq. 7, γ {g}", learn + ["--ent_gamma", g], Q7_SEEDS, "warmup-q10-learn",
             Q7_EVALS, when=g))]
     return [Arm("warmup-q10-learn", "SFT warm-up, 32 steps", WARMUP_LONG, Q7_SEEDS),
@@ -404,7 +408,9 @@ def arm(name, within=None):
 def part_jobs(p):
     """(run id, flags, seed, warm-up run id or None, evaluations) of the part, in its order (Part.order)."""
     arms = [a for a in p.arm_list() if a.flags is not None]
-    warm = [(a.run_id(s), a.flags, s, None, a.passes[0]) for a in arms if a.start is None for s in a.seeds]
+    warm, warm_later = ([(a.run_id(s), a.flags, s, None, a.passes[0]) for a in arms
+                         if a.start is None and bool(a.when) == later for s in a.seeds]
+                        for later in (False, True))           # a next step's own warm-ups go with its runs
     runs_ = [a for a in arms if a.start is not None]
     seeds = sorted({s for a in arms for s in a.seeds})
 
@@ -414,8 +420,8 @@ def part_jobs(p):
     later = tuple(a for a in runs_ if a.when is not None)         # a declared next step: after every first run
     if p.order == "seed":
         return [job for s in seeds for job in [w for w in warm if w[2] == s] + of(s, 0)] + \
-            [job for s in seeds for job in of(s, 0, later)]
-    return warm + [job for k in range(max((len(a.passes) for a in runs_), default=0)) for s in seeds
+            [job for s in seeds for job in [w for w in warm_later if w[2] == s] + of(s, 0, later)]
+    return warm + warm_later + [job for k in range(max((len(a.passes) for a in runs_), default=0)) for s in seeds
                    for job in of(s, k)]
 
 

@@ -809,16 +809,17 @@ def test_q10_arms_change_only_what_part_10_declares():
     from config import parse_args
     jobs = plan.part_jobs(plan.part("q10"))
     first = [j for j in jobs if not (plan.arm(j[0].rsplit("-s", 1)[0]).when)]
-    assert jobs[:len(first)] == first and len(jobs) == len(first) + 4 * 8
+    assert jobs[:len(first)] == first and len(jobs) == len(first) + 5 * 8
     assert [j[0] for j in first[:3]] == ["warmup-q10-learn-s1", "q10-learn-grpo-s1", "q10-learn-g0.01-s1"]
     for run_id, flags, seed, start, evals in jobs:
         name = run_id.rsplit("-s", 1)[0]
         if start is None:
-            assert flags == plan.WARMUP_LONG and name in ("warmup-q10-learn", "warmup-q10-collapse")
+            assert flags == plan.WARMUP_LONG and name in ("warmup-q10-learn", "warmup-q10-collapse",
+                                                          "warmup-q10h-collapse")
             continue
         o = parse_args([*flags, "--seed", str(seed)]).objective
         if "collapse" in name:
-            warmup = "warmup-collapse" if plan.arm(name).when else "warmup-q10-collapse"      # the amendment
+            warmup = "warmup-q10h-collapse" if name.endswith("g0.03") else "warmup-q10-collapse"   # the amendment
             assert seed in plan.Q6_SEEDS and start == f"{warmup}-s{seed}" and evals == ("rung",)
             assert flags[:len(plan.Q6_FLAGS["gtpo"])] == plan.Q6_FLAGS["gtpo"]
             want = ("released", 0.1) if name.endswith("released") else ("eq7", float(name.split("-g")[1]))
