@@ -810,6 +810,8 @@ def test_q10_arms_change_only_what_part_10_declares():
     jobs = plan.part_jobs(plan.part("q10"))
     first = [j for j in jobs if not (plan.arm(j[0].rsplit("-s", 1)[0]).when)]
     assert jobs[:len(first)] == first and len(jobs) == len(first) + 5 * 8
+    order = [j[0] for j in jobs]                        # a worker trains a run's warm-up before the run
+    assert all(order.index(f"warmup-q10h-collapse-s{s}") < order.index(f"q10-collapse-g0.03-s{s}") for s in plan.Q6_SEEDS)
     assert [j[0] for j in first[:3]] == ["warmup-q10-learn-s1", "q10-learn-grpo-s1", "q10-learn-g0.01-s1"]
     for run_id, flags, seed, start, evals in jobs:
         name = run_id.rsplit("-s", 1)[0]
