@@ -92,7 +92,8 @@ class Part:
     (file, study.report plot function, its arguments); order: "seed" trains each seed's warm-up and runs back to
     back, "pass" every warm-up, then each pass over every run; cost: its name in the cost line (parts with one
     name are summed); since: attempts of the warm-ups it starts from but another part trained count here from
-    this date on (it trained them again); base: the folder of its committed runs under study/runs/, if any."""
+    this date on (it trained them again); base: the folder of its committed runs under study/runs/, if any;
+    one_host: the part trains on the host kind of its committed runs only (study.run refuses another)."""
     key: str
     title: str = None
     arms: object = ()                 # a list, or a function that gives one (the collapse part's ladder)
@@ -105,6 +106,7 @@ class Part:
     cost: str = None
     since: str = None
     base: str = ""
+    one_host: bool = False            # every run and warm-up on one host kind (study.run.host()); others refused
 
     def arm_list(self):
         return self.arms() if callable(self.arms) else list(self.arms)
@@ -216,6 +218,19 @@ def q10_tests():
                                                        costs(f"q10-learn-g{g}", f"Eq. 7 γ {g}"))),
             Test("Q10", "host alone: GRPO here − GRPO in Q7", vs("q10-learn-grpo", "q7-grpo"), "id", sign=0,
                  names=("GRPO here", "GRPO in Q7"))]
+
+
+# Q11: Q10's answer confirmed on fresh seeds, every arm of a seed from its one warm-up, one host kind (part q11)
+Q11_SEEDS = tuple(range(31, 47))          # 16 fresh seeds: the declared power calculation's number (study.q11.power)
+Q11_ARMS = [("q11-grpo", "GRPO β=0", Q6_FLAGS["grpo"] + EQ7_RECORDED),                     # as q6-grpo
+            ("q11-released", "the default (released, γ 0.1)", Q6_FLAGS["gtpo"] + ["--entropy_term", "released"]),
+            ("q11-eq7", "Eq. 7, γ 0.03", Q6_FLAGS["gtpo"] + ["--entropy_term", "eq7", "--ent_gamma", "0.03"])]
+
+
+def q11_tests():
+    """Part 11's family, Holm over its two tests: each GTPO arm against GRPO on Q6's collapse rule, paired by seed."""
+    return [Test("Q11", f"GRPO collapses more often than {label}", vs("q11-grpo", name), "collapsed",
+                 test="paired exact", holm="q11", names=("GRPO", label)) for name, label, _ in Q11_ARMS[1:]]
 
 
 # Q9's arms, each paired with its seed's warm-up evaluated (part q9)
@@ -340,6 +355,10 @@ PARTS = [
     Part("q10", "Q10: which γ to use — Eq. 7's γ where GRPO collapses and where the model learns, and the default",
          cost="Q10", order="seed", section="q10_lines", arms=q10_arms, tests=q10_tests(),
          figures=[("q10.png", "plot_q10", {})]),
+    Part("q11", "Q11: does GTPO protect against collapse? Q10's answer on fresh seeds, paired, one host kind",
+         cost="Q11", order="seed", one_host=True, tests=q11_tests(), arms=[
+             Arm("warmup-q11", "SFT warm-up, 32 steps (one per seed, every arm's start)", WARMUP_LONG, Q11_SEEDS),
+             *(Arm(name, label, flags, Q11_SEEDS, "warmup-q11", (("rung",),)) for name, label, flags in Q11_ARMS)]),
     Part("q5", "Q5: conflict tokens are mostly format tokens (Sec. 4.1)", section="conflict_lines"),
 ]
 

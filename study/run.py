@@ -125,12 +125,38 @@ def committed_cpus(run_id):
     return set(runs.read_json(path)["cpu"]) if os.path.isfile(path) else set()
 
 
+def part_hosts(p):
+    """The hosts (host()) that trained or began any run of part p, by its committed host.json and times.json."""
+    found = set()
+    for a in p.arm_list():
+        for s in (a.seeds if a.flags else ()):
+            keep = os.path.join(KEEP, a.run_id(s))
+            if os.path.isfile(os.path.join(keep, "host.json")):
+                found |= set(runs.read_json(os.path.join(keep, "host.json")).get("hosts", []))
+            if os.path.isfile(os.path.join(keep, "times.json")):
+                found |= {t["host"] for ts in runs.read_json(os.path.join(keep, "times.json")).values() for t in ts}
+    return found
+
+
+def check_part_host(run_id):
+    """A part declared on one host kind (plan.Part.one_host) trains nothing on another: stop, naming both."""
+    name = run_id.rsplit("-s", 1)[0]
+    for p in PARTS:
+        if p.one_host and any(a.name == name and a.flags for a in p.arm_list()):
+            kinds = part_hosts(p)
+            if kinds and host() not in kinds:
+                raise SystemExit(f"part {p.key} runs on one host kind ({'; '.join(sorted(kinds))}) and this host is "
+                                 f"{host()}: {run_id} is not trained here (docs/study.md, part {p.key}, says what "
+                                 f"happens on another kind)")
+
+
 def train(run_id, flags, seed, start, shard, threads):
     """Train one run to its final/ (resuming what is there); copy its small files to study/."""
     out = os.path.join(WORK, run_id)
     if training_elsewhere(out):                         # another worker trains it (its evaluation came up here)
         wait_for(os.path.join(out, "final"))
     if not os.path.isdir(os.path.join(out, "final")):
+        check_part_host(run_id)
         kinds = committed_cpus(run_id)                  # host.json exists only beside committed metrics
         if kinds and cpu() not in kinds:
             raise SystemExit(f"{run_id}'s committed metrics come from a {'/'.join(sorted(kinds))} host and this one "

@@ -1,7 +1,7 @@
 """What a declared test (plan.Test) gives, from the committed runs alone: each run's metric (pass@1, training
-accuracy, collapse), the paired units of a contrast, the p (exact sign-flip, one- or two-sided, or Fisher's exact
-test; Holm where a part declares it) and the verdict in docs/study.md's words. study/report.py lays these out as
-tables and sentences; study/figures.py reads the same metrics.
+accuracy, collapse), the paired units of a contrast, the p (exact sign-flip, one- or two-sided; Fisher's exact
+test, unpaired; the exact McNemar test, paired; Holm where a part declares it) and the verdict in docs/study.md's
+words. study/report.py lays these out as tables and sentences; study/figures.py reads the same metrics.
 """
 import math
 import random
@@ -89,6 +89,18 @@ def fisher_one_sided(a, n_a, b, n_b):
     return sum(math.comb(n_a, x) * math.comb(n_b, k - x) for x in range(a, min(k, n_a) + 1)) / math.comb(n, k)
 
 
+def paired_exact_one_sided(pairs):
+    """The exact McNemar test, one-sided in the observed direction: pairs of 0/1 values (A, B), one per seed; only
+    the seeds where A and B disagree count, and under no difference each is A's with probability 1/2 ->
+    (p, A's discordant count, B's). p = P(Bin(b + c, 1/2) >= max(b, c)); 1 when b = c (no direction)."""
+    b = sum(1 for a, x in pairs if a and not x)
+    c = sum(1 for a, x in pairs if x and not a)
+    if b == c:
+        return 1.0, b, c
+    n, k = b + c, max(b, c)
+    return sum(math.comb(n, x) for x in range(k, n + 1)) / 2 ** n, b, c
+
+
 def holm(ps):
     """Holm's step-down adjusted p-values, in the order given."""
     order, out, top = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
@@ -157,10 +169,12 @@ def test_row(t, p, with_ci=False):
         return {"q": t.label, "claim": t.claim, "metric": words, "units": 0, "expected": expected}
     diffs = [v for _, v, _, _ in units]
     mean, row = statistics.fmean(diffs), {}
-    if t.test == "fisher":
+    if t.test in ("fisher", "paired exact"):
         a, b, n = round(sum(u[3][0] for u in units)), round(sum(u[3][1] for u in units)), len(units)
         p_ = fisher_one_sided(a, n, b, n) if a > b else fisher_one_sided(b, n, a, n) if b > a else 1.0
         row["counts"] = (a, b)
+        if t.test == "paired exact":
+            p_, *row["discordant"] = paired_exact_one_sided([u[3] for u in units])
     else:
         p_ = sign_flip_p(diffs, 1 if t.test.endswith("one-sided") else 2)
     ci = bootstrap_ci([c for _, _, c, _ in units]) if with_ci and all(c is not None for _, _, c, _ in units) else None
@@ -195,6 +209,11 @@ def sentence(t, r):
     if t.test == "fisher":
         return (f"{r['verdict']}: {a} collapses in {r['counts'][0]} of {n} seeds, {b} in {r['counts'][1]} of {n}; "
                 f"Fisher's exact test, one-sided, p = {r['p']:.3f}")
+    if t.test == "paired exact":
+        return (f"{r['verdict']}: {a} collapses in {r['counts'][0]} of {n} seeds, {b} in {r['counts'][1]} of {n}; "
+                f"of the seeds where they disagree, {r['discordant'][0]} collapse with {a} only and "
+                f"{r['discordant'][1]} with {b} only; exact paired (McNemar) test, one-sided, p = {r['p']:.3f}"
+                + (f", Holm-adjusted {r['p_holm']:.3f}" if "p_holm" in r else ""))
     sided = "one-sided" if t.test.endswith("one-sided") else "two-sided"
     return (f"{r['verdict']}: {r['metric']} {a} − {b} {r['mean']:+.3f} on average, {a} higher in "
             f"{sum(v > 0 for v in r['values'])} of {n} seeds; exact {sided} sign-flip test, p = {r['p']:.3f}"

@@ -910,3 +910,73 @@ def test_q10_holm_spans_the_whole_family_once_the_next_step_has_run(tmp_path, mo
     assert "Eq. 7 γ 0.03" not in text and "- Eq. 7 γ 0.001 above GRPO: holds" in text
     assert "| Eq. 7, γ 0.001 | 1 of 8 | 0.000 / 50 | 0.410 (8) | 100 | 0.410 | Q10 / Q10 |" in text
     assert figures.plot_q10(str(tmp_path / "q10.png"), plan.part("q10")) and (tmp_path / "q10.png").stat().st_size
+
+
+def test_paired_exact_test_hand_values_and_its_verdicts():
+    """The exact McNemar test counts only the seeds where the two disagree: 6 GRPO-only, 0 arm-only, p = 1/64;
+    9 against 1, p = 11/1024; seeds where both collapse or neither do not move it; a tie has no direction."""
+    f = verdicts.paired_exact_one_sided
+    assert f([(1, 0)] * 6 + [(0, 0)] * 2) == (pytest.approx(1 / 64), 6, 0)
+    assert f([(1, 0)] * 9 + [(0, 1)] + [(1, 1)] * 6)[0] == pytest.approx(11 / 1024)
+    assert f([(1, 0)] * 9 + [(0, 1)] + [(0, 0)] * 6)[0] == f([(1, 0)] * 9 + [(0, 1)])[0]
+    assert f([(0, 1)] * 5 + [(1, 0)])[0] == pytest.approx(7 / 64)        # the observed direction: the arm's
+    assert f([(1, 0), (0, 1), (1, 1)]) == (1.0, 1, 1)
+    assert verdicts.verdict(1, 6 / 8, verdicts.holm([1 / 64, 0.2])[0]) == "holds"
+    assert verdicts.verdict(1, 2 / 8, 0.25) == "same direction, within noise"
+
+
+def test_q11_declares_fresh_seeds_paired_arms_with_q10s_flags_and_the_powered_number():
+    """docs/study.md part 11: 16 fresh seeds (not Q6's 21-28, not the pilot's 11, none a committed run has), one
+    warm-up per seed (Q6's command) that every arm of the seed starts from, the three arms with exactly the flags
+    Q10 and Q6 ran, each evaluated on the rung in its training's job; the number is the power calculation's."""
+    from config import parse_args
+    from study import q11
+    p = plan.part("q11")
+    assert p.one_host and p.order == "seed" and len(plan.Q11_SEEDS) == 16
+    used = {int(d.rsplit("-s", 1)[1]) for d in os.listdir(plan.KEEP) if d.rsplit("-s", 1)[-1].isdigit()}
+    assert not set(plan.Q11_SEEDS) & (used | set(plan.Q6_SEEDS) | {plan.PILOT_SEED})
+    jobs = plan.part_jobs(p)
+    assert len(jobs) == 16 * 4 and [j[0] for j in jobs[:4]] == ["warmup-q11-s31", "q11-grpo-s31",
+                                                                "q11-released-s31", "q11-eq7-s31"]
+    same = {"q11-grpo": "q6-grpo", "q11-released": "q10-collapse-released", "q11-eq7": "q10-collapse-g0.03"}
+    for run_id, flags, seed, start, evals in jobs:
+        name = run_id.rsplit("-s", 1)[0]
+        if start is None:
+            assert flags == plan.WARMUP_LONG and name == "warmup-q11"
+            continue
+        assert start == f"warmup-q11-s{seed}" and evals == ("rung",) and flags == plan.arm(same[name]).flags
+    o = {n: parse_args([*plan.arm(n).flags, "--seed", "31"]).objective for n in ("q11-released", "q11-eq7")}
+    assert (o["q11-released"].entropy_term, o["q11-released"].ent_gamma) == ("released", 0.1)
+    assert (o["q11-eq7"].entropy_term, o["q11-eq7"].ent_gamma) == ("eq7", 0.03)
+    assert [t.test for t in p.tests] == ["paired exact"] * 2 and {t.holm for t in p.tests} == {"q11"}
+    # the power at Q10's rates: the default's test stays under 0.8 at Holm's first level even at the cap
+    assert q11.power(16, 0.75, 0.25, 0.025) == pytest.approx(0.702, abs=5e-4)
+    assert q11.power(16, 0.75, 0.25, 0.05) == pytest.approx(0.800, abs=5e-4)
+    assert q11.power(16, 0.75, 0.125, 0.025) == pytest.approx(0.926, abs=5e-4)
+    assert q11.seeds_needed() == 16 and q11.seeds_needed(dict(q11.Q10_RATES, released=0.0)) == 9
+    assert q11.default_rule(True, False) == "change" and q11.default_rule(True, True) == "keep, both"
+    assert q11.default_rule(False, True) == "keep, withdraw" and q11.default_rule(False, False) == "keep, unconfirmed"
+
+
+def test_a_one_host_part_trains_nothing_on_another_host(tmp_path, monkeypatch):
+    """Part 11 runs on one host kind: once any of its runs has a committed host (host.json or an attempt in
+    times.json), another host stops before training any of its jobs, naming both; the same host trains; a part
+    without the declaration is not held."""
+    committed_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(study, "wait_for", lambda path: path)
+    here, there = "AMD EPYC family 25 model 17; torch 2.13.0", "Intel Xeon family 6 model 207; torch 2.13.0"
+    monkeypatch.setattr(study, "host", lambda: here)
+    study.check_part_host("q11-eq7-s40")                                  # nothing committed yet: any host
+    study.record_time("warmup-q11-s31", "train", 300.0, False, (0, 2))    # an unfinished attempt counts
+    monkeypatch.setattr(study, "host", lambda: there)
+    monkeypatch.setattr(study, "attempt", lambda *a: pytest.fail("trained on another host kind"))
+    with pytest.raises(SystemExit, match=r"part q11 runs on one host kind \(AMD EPYC family 25 model 17.*Intel"):
+        study.train("q11-grpo-s46", [], 46, "warmup-q11-s46", (0, 2), 1)
+    study.check_part_host("q10-collapse-released-s21")                     # not a one-host part
+    monkeypatch.setattr(study, "host", lambda: here)
+    calls = []
+    out = tmp_path / "work" / "q11-grpo-s46"
+    monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a) or (out / "final").mkdir())
+    study.train("q11-grpo-s46", [], 46, "warmup-q11-s46", (0, 2), 1)
+    assert len(calls) == 1
