@@ -240,9 +240,9 @@ class Config:
         return self.sft_warmup_steps if self.method != "sft" else 0
 
     @property
-    def gate(self):
-        """The entropy filter as run (Eq. 6; gtpo.Objective.gate): "auto" reads <H>_ini (Config.h_ini)."""
-        return self.objective.gate(self.method, self.h_ini)
+    def filter_mode(self):
+        """delta_i's mode as run (Eq. 6; gtpo.Objective.filter_mode): "auto" reads <H>_ini (Config.h_ini)."""
+        return self.objective.filter_mode(self.method, self.h_ini)
 
 
 def record(cfg):

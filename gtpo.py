@@ -20,7 +20,8 @@ What the objective does, and leaves out:
     conflict_spans     Sec. 5.1        forward and backward conflict spans of one group (and _loop: the same, plainly)
     conflict_weights   Sec. 5.1, Eq. 5 lambda_{i,t} in {0, 1, 2} from fwd/bwd conflict spans
     token_entropy      Sec. 4.2        H(p) = -sum_j p_j ln p_j
-    shaped_advantages  Eq. 6-7         delta_i A_i (entropy_filter) or delta_i (A_i - gamma <H>_i) (entropy_gate)
+    filter_deltas      Eq. 6           delta_i in {0, 1}: 0 where <H>_i is above the threshold
+    shaped_advantages  Eq. 6-7         delta_i A_i (eq7_advantages) or delta_i (A_i - gamma <H>_i) (released_advantages)
     token_advantages   Eq. 5, 20       lambda_{i,t} A_i, the factor of each token's ratio (what TRL's trainer takes)
     aggregate          Eq. 7           per-token terms -> the step's loss: the one place, exact under micro-batches
     gtpo_loss          Eq. 7, 20, 22   -(1/G) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i]
@@ -124,9 +125,9 @@ class Objective:
             raise ValueError(f"sum_completions sums Eq. 7's per-completion terms (loss_type grpo); loss_type "
                              f"{self.loss_type!r} has no per-completion mean to replace: drop one of the two")
 
-    def gate(self, method, h_ini=None):
-        """delta_i's mode as run (Eq. 6): "auto" filters iff <H>_ini < ln 2 for GTPO and is off for GRPO (the
-        plain baseline; all / neg add the filter to GRPO, App. 14)."""
+    def filter_mode(self, method, h_ini=None):
+        """delta_i's mode as run (Eq. 6), one of FILTER_MODES: "auto" filters iff <H>_ini < ln 2 for GTPO and is
+        off for GRPO (the plain baseline; all / neg add the filter to GRPO, App. 14)."""
         if self.entropy_filter != "auto":
             return self.entropy_filter
         if method != "gtpo":
@@ -179,8 +180,8 @@ def token_logprobs(logits, ids):
 # -----------------------------------------------------------------------------
 # 1. group-relative advantages (Eq. 8)
 
-def group_advantages(rewards, group_size, o=DEFAULT, eps=1e-4):
-    """A_i = R_i - mean(group), divided by std(group) + eps when o.scale_rewards (Eq. 8; off: the released code).
+def group_advantages(rewards, group_size, objective=DEFAULT, eps=1e-4):
+    """A_i = R_i - mean(group), divided by std(group) + eps when objective.scale_rewards (Eq. 8; off: the released code).
 
     rewards (N,) with N = n_groups * group_size, each group `group_size` consecutive completions of one
     prompt -> (N,) float32. std is the unbiased sample std, as in TRL's GRPOTrainer. A group whose rewards
@@ -194,7 +195,7 @@ def group_advantages(rewards, group_size, o=DEFAULT, eps=1e-4):
                          f"got shape {tuple(rewards.shape)}")
     r = rewards.view(-1, group_size)                                # (B, G)
     adv = r - r.mean(dim=1, keepdim=True)
-    if o.scale_rewards:
+    if objective.scale_rewards:
         adv = adv / (r.std(dim=1, keepdim=True) + eps)
     flat = (r == r[:, :1]).all(dim=1, keepdim=True)                 # (B, 1) all-equal groups
     adv = torch.where(flat, torch.zeros_like(adv), adv)
@@ -239,7 +240,7 @@ def conflict_spans(ids, mask, advantages):
     return fwd, bwd
 
 
-def conflict_weights(ids, mask, advantages, o=DEFAULT, counted=None):
+def conflict_weights(ids, mask, advantages, objective=DEFAULT, counted=None):
     """Token weights lambda_{i,t} for ONE group (Eq. 5, Eq. 21). ids (G, L) long, right-padded; mask (G, L),
     true on real tokens; advantages (G,); counted (G, L): the policy's own tokens (not a tool's output), which
     conflict and n_conflict count (None: all) -> weights (G, L) float32, conflict (G, L) bool, n_conflict (G,) long.
@@ -247,7 +248,7 @@ def conflict_weights(ids, mask, advantages, o=DEFAULT, counted=None):
     * forward conflict at position p of completion i: the token ids[i, p] is at position p in some completion
       with A > 0 and in some with A < 0; backward: positions counted from each completion's own last token;
       the first contiguous span from the start (end) counts; conflict = fwd OR bwd (M^fw v M^bw, Sec. 5.1);
-    * lambda = o.conflict_weight on conflict tokens of A > 0 completions, 0 on those of A < 0 completions,
+    * lambda = objective.conflict_weight on conflict tokens of A > 0 completions, 0 on those of A < 0 completions,
       1 elsewhere, 0 on padding. A = 0 completions neither have nor cause conflicts; conflict_combine
       "product" (Listing 2, `mask_fwd * mask_bw`) gives a token in BOTH spans conflict_weight**2 (= 4);
     * n_conflict[i]: conflict_count "union", |M^fw v M^bw| as App. 16's prose says; "longer", max(|fw span|,
@@ -257,14 +258,14 @@ def conflict_weights(ids, mask, advantages, o=DEFAULT, counted=None):
     fwd, bwd = conflict_spans(ids, mask, advantages)                # (G, L) each
     valid, pos = mask.bool(), (advantages > 0).unsqueeze(1)         # (G, L), (G, 1)
     conflict = fwd | bwd                                            # (G, L)
-    on_conflict = torch.where(pos, o.conflict_weight, 0.0)          # (G, 1): lambda on a conflict token
-    if o.conflict_combine == "or":                                  # Eq. 5
+    on_conflict = torch.where(pos, objective.conflict_weight, 0.0)          # (G, 1): lambda on a conflict token
+    if objective.conflict_combine == "or":                                  # Eq. 5
         weights = torch.where(~valid, 0.0, torch.where(conflict, on_conflict, 1.0))
     else:                                                           # Listing 2: mask_fwd * mask_bw
         weights = torch.where(~valid, 0.0, torch.where(fwd, on_conflict, 1.0) * torch.where(bwd, on_conflict, 1.0))
     if counted is not None:
         fwd, bwd, conflict = (c & counted.bool() for c in (fwd, bwd, conflict))
-    n_conflict = (conflict.sum(dim=1) if o.conflict_count == "union"
+    n_conflict = (conflict.sum(dim=1) if objective.conflict_count == "union"
                   else torch.maximum(fwd.sum(dim=1), bwd.sum(dim=1)))                         # (G,)
     return weights.float(), conflict, n_conflict
 
@@ -291,17 +292,17 @@ def conflict_spans_loop(ids, mask, advantages):
     return fwd, bwd
 
 
-def batch_conflict_weights(ids, mask, advantages, group_size, o=DEFAULT, counted=None):
+def batch_conflict_weights(ids, mask, advantages, group_size, objective=DEFAULT, counted=None):
     """conflict_weights over consecutive groups of `group_size` rows: ids, mask, counted (N, L); advantages (N,)
     -> weights (N, L), conflict (N, L), n_conflict (N,)."""
     counted = mask if counted is None else counted
-    out = [conflict_weights(i, m, a, o, c) for i, m, a, c in zip(
+    out = [conflict_weights(i, m, a, objective, c) for i, m, a, c in zip(
         ids.split(group_size), mask.split(group_size), advantages.split(group_size), counted.split(group_size))]
     return tuple(torch.cat(parts) for parts in zip(*out))
 
 
 # -----------------------------------------------------------------------------
-# 3. entropy (Sec. 4.2) and the entropy gate (Eq. 6-7)
+# 3. entropy (Sec. 4.2), the filter delta_i (Eq. 6) and the entropy term (Eq. 7)
 
 def token_entropy(logits):
     """Shannon entropy in nats of softmax(logits): (..., V) -> (...), float32. From log-softmax, with
@@ -311,73 +312,74 @@ def token_entropy(logits):
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
 
 
-def _filtered(advantages, entropy, threshold, mode):
-    """(N,) bool: the completions Eq. 6's delta_i sets to 0 under `mode` (see entropy_filter)."""
+def filter_deltas(advantages, entropy, threshold, mode):
+    """delta_i of Eq. 6, one 0/1 value per completion: 0 where <H>_i is above the threshold, else 1. mode "all":
+    every completion (Eq. 6 with <H>_ini < ln 2); "neg": only A_i < 0 ones (GTPO-OnlyNeg, App. 13); "off": none is
+    dropped (Eq. 6 with <H>_ini >= ln 2). <H>_i == threshold is kept. advantages (N,); entropy (N,) = <H>_i, read as
+    a constant -> (N,) in advantages' dtype."""
     if mode not in FILTER_MODES:
-        raise ValueError(f"entropy gate mode must be one of {', '.join(FILTER_MODES)}, got {mode!r}")
-    if mode == "off":
-        return torch.zeros_like(advantages, dtype=torch.bool)
-    drop = entropy > threshold
-    return drop & (advantages < 0) if mode == "neg" else drop
+        raise ValueError(f"entropy filter mode must be one of {', '.join(FILTER_MODES)}, got {mode!r}")
+    drop = entropy.detach() > threshold                             # (N,)
+    if mode == "neg":
+        drop &= advantages < 0
+    elif mode == "off":
+        drop = torch.zeros_like(drop)
+    return (~drop).to(advantages.dtype)
 
 
-def entropy_filter(advantages, entropy, threshold, mode="all"):
-    """delta_i * A_i of Eq. 6-7 as written: the advantage term of a completion whose <H>_i is above the
-    threshold is dropped; Eq. 7's -gamma <H>_i stays outside delta_i (gtpo_loss's `entropy`).
-    advantages (N,), entropy (N,) = <H>_i (read as a constant here) -> (N,). mode "all": <H>_i > threshold
-    gets 0 (Eq. 6 with <H>_ini < ln 2); "neg": only A < 0 completions (GTPO-OnlyNeg, App. 13); "off": none
-    (Eq. 6 with <H>_ini > ln 2). <H>_i == threshold is kept."""
-    drop = _filtered(advantages, entropy.detach(), threshold, mode)
-    return torch.where(drop, torch.zeros_like(advantages), advantages)
+def eq7_advantages(advantages, entropy, threshold, mode="all"):
+    """delta_i A_i, Eq. 6-7 as written: the advantage term of a filtered completion is dropped; Eq. 7's
+    -gamma <H>_i stays outside delta_i (gtpo_loss's `entropy`). advantages (N,), entropy (N,) = <H>_i; modes as
+    filter_deltas -> (N,)."""
+    delta = filter_deltas(advantages, entropy, threshold, mode)     # (N,)
+    return torch.where(delta > 0, advantages, torch.zeros_like(advantages))
 
 
-def entropy_gate(advantages, entropy, threshold, gamma, mode="all"):
-    """Shaped advantage delta_i * (A_i - gamma <H>_i): Eq. 6-7 as the released code realises them (App. 16,
-    Listing 3 step 2; entropy_term "released"): the penalty folded into the advantage, <H>_i detached (gamma acts
-    through d log pi, not dH/dtheta), and a filtered completion loses it with its advantage, so a step whose
-    completions are all filtered has no gradient. Eq. 7 as written: entropy_filter + gtpo_loss(entropy=...).
-    advantages (N,), entropy (N,) = <H>_i; modes as entropy_filter. lambda comes from the raw A_i: one turned
-    negative here keeps lambda = 2, as in the released code."""
+def released_advantages(advantages, entropy, threshold, gamma, mode="all"):
+    """delta_i (A_i - gamma <H>_i): Eq. 6-7 as the released code realises them (App. 16, Listing 3 step 2;
+    entropy_term "released"): the penalty folded into the advantage, <H>_i detached (gamma acts through
+    d log pi, not dH/dtheta), and a filtered completion loses it with its advantage, so a step whose completions
+    are all filtered has no gradient. advantages (N,), entropy (N,) = <H>_i; modes as filter_deltas. lambda
+    comes from the raw A_i: one turned negative here keeps lambda = 2, as in the released code."""
     entropy = entropy.detach().to(advantages.dtype)
-    shaped = advantages - gamma * entropy
-    drop = _filtered(advantages, entropy, threshold, mode)
-    return shaped if mode == "off" else torch.where(drop, torch.zeros_like(shaped), shaped)
+    shaped = advantages - gamma * entropy                           # (N,)
+    delta = filter_deltas(advantages, entropy, threshold, mode)
+    return shaped if mode == "off" else torch.where(delta > 0, shaped, torch.zeros_like(shaped))
 
 
-def shaped_advantages(advantages, entropy, o, gate):
+def shaped_advantages(advantages, entropy, objective, mode):
     """Eq. 6-7 in one place: what multiplies each completion's log-prob gradient.
-    advantages (N,) from Eq. 8; entropy (N,) = <H>_i (read as a constant here); gate in FILTER_MODES (delta_i:
-    "all", "neg" or "off", Objective.gate); the threshold, gamma and term are o's. -> (N,).
-        entropy_term  gate       advantage                      Eq. 7's own term (policy_loss)
-        eq7           off        A_i                            +gamma <H>_i, with its gradient
-        eq7           all / neg  delta_i A_i                    +gamma <H>_i, every completion's, filtered or not
+    advantages (N,) from Eq. 8; entropy (N,) = <H>_i (read as a constant here); mode: delta_i's, one of
+    FILTER_MODES (Objective.filter_mode); the threshold, gamma and term are the objective's. -> (N,).
+        entropy_term  mode       advantage                      Eq. 7's own term (policy_loss)
+        eq7           off        A_i                            loss + gamma <H>_i, with its gradient
+        eq7           all / neg  delta_i A_i                    loss + gamma <H>_i, every completion's
         released      off        A_i - gamma <H>_i (detached)   none
         released      all / neg  delta_i (A_i - gamma <H>_i)    none
-    delta_i = 0 where <H>_i > threshold ("neg": and A_i < 0), else 1.
+    delta_i = 0 where <H>_i > threshold ("neg": and A_i < 0), else 1 (filter_deltas).
     """
-    if o.entropy_term == "eq7":
-        return entropy_filter(advantages, entropy, o.ent_threshold, gate)
-    return entropy_gate(advantages, entropy, o.ent_threshold, o.ent_gamma, gate)
+    if objective.entropy_term == "eq7":
+        return eq7_advantages(advantages, entropy, objective.ent_threshold, mode)
+    return released_advantages(advantages, entropy, objective.ent_threshold, objective.ent_gamma, mode)
 
 
-def token_advantages(weights, n_conflict, advantages, o=DEFAULT):
+def token_advantages(weights, n_conflict, advantages, objective=DEFAULT):
     """A_{i,t} = lambda_{i,t} A_i (Eq. 5's weights on Eq. 6-7's advantage, the factor of ratio_{i,t} in Eq. 20),
     divided by max(n_conflict_i, 1) with conflict_norm (the released code's normalisation, Listing 3 step 5).
     weights (N, L), n_conflict (N,), advantages (N,) -> (N, L): what gtpo_loss and TRL's trainer weigh tokens by."""
     per_token = weights * advantages.unsqueeze(1)                   # (N, L)
-    if o.conflict_norm:
+    if objective.conflict_norm:
         per_token = per_token / n_conflict.clamp(min=1).to(per_token.dtype).unsqueeze(1)
     return per_token
 
 
-def filtered_stats(advantages, shaped, entropy, o=DEFAULT):
-    """What delta_i in [0, 1] removed (Eq. 6), zeroing or scaling: (sum_i (1 - delta_i) / N over completions with
-    A_i != 0; their mean <H>_i weighted by 1 - delta_i, or 0.0), delta_i = shaped / o's shaped advantage without the
-    gate. advantages (N,) before the gate, shaped (N,) after it, entropy (N,) <H>_i, o: the Objective that shaped."""
-    ungated = shaped_advantages(advantages, entropy, o, "off")                       # (N,)
-    active = (advantages != 0) & (ungated != 0)
-    delta = torch.where(active, shaped / torch.where(active, ungated, torch.ones_like(ungated)), 1.0)   # (N,)
-    removed = (1 - delta).clamp(0, 1) * active                                       # (N,) 1 - delta_i
+def filtered_stats(advantages, delta, entropy, objective=DEFAULT):
+    """What Eq. 6's filter removed: (the share of completions with delta_i = 0 among all N, counting those whose
+    advantage term was not 0 anyway; their mean <H>_i, or 0.0). advantages (N,) from Eq. 8, delta (N,)
+    (filter_deltas), entropy (N,) <H>_i, objective: the one that shaped (its unfiltered advantage says which
+    terms were 0 anyway)."""
+    unfiltered = shaped_advantages(advantages, entropy, objective, "off")                 # (N,)
+    removed = (1 - delta) * ((advantages != 0) & (unfiltered != 0))                      # (N,) 1 - delta_i
     total = removed.sum().item()
     return removed.float().mean().item(), (entropy.float() * removed).sum().item() / total if total > 0 else 0.0
 
@@ -428,22 +430,23 @@ def aggregate(per_token, mask, loss_type="grpo", per_seq=None, totals=None):
 # -----------------------------------------------------------------------------
 # 5. losses
 
-def gtpo_loss(logprobs, mask, advantages, o=DEFAULT, entropy=None, totals=None):
+def gtpo_loss(logprobs, mask, advantages, objective=DEFAULT, entropy=None, totals=None):
     """GTPO loss (Eq. 7 / Eq. 20), one-iteration case (Sec. 3): the gradient is Eq. 22.
     logprobs (N, L) log pi(o_{i,t}) of the sampled tokens, with grad; mask (N, L); advantages (N, L) =
     lambda_{i,t} A_i (token_advantages, after Eq. 6's filter); entropy (N,) = <H>_i with its gradient, or None.
         loss = -(1/N) sum_i [(1/|o_i|) sum_t lambda_{i,t} A_i ratio_{i,t} - gamma <H>_i],
         ratio = exp(logp - logp.detach())  (value 1, carries the gradient).
     The entropy term is every completion's, filtered or not (Eq. 7); entropy=None leaves it out (the released form).
-    o.loss_type, totals: the aggregation; o.sum_completions sums the completions' terms (Listing 3: no 1/G).
+    objective.loss_type, totals: the aggregation; objective.sum_completions sums the completions' terms (Listing 3: no 1/G).
     Returns (loss, metrics)."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - logprobs.detach())                 # (N, L) == 1
     per_token = -ratio * advantages                                 # (N, L)
-    if o.sum_completions:
+    if objective.sum_completions:
         totals = (totals or Totals(len(mask), mask.sum().item(), mask.shape[1]))._replace(completions=1)
-    per_seq = None if entropy is None else o.ent_gamma * entropy    # (N,) the -gamma <H>_i of Eq. 7
-    loss = aggregate(per_token, mask, o.loss_type, per_seq, totals)
+    per_seq = None if entropy is None else objective.ent_gamma * entropy    # (N,) gamma <H>_i: the objective
+    # subtracts it, so the loss (its negative) adds it
+    loss = aggregate(per_token, mask, objective.loss_type, per_seq, totals)
     return loss, {"loss": loss.detach()}
 
 
@@ -454,9 +457,10 @@ def kl_k3(logprobs, ref_logprobs):
     return torch.exp(d) - d - 1
 
 
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, o=DEFAULT, entropy=None, totals=None):
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, objective=DEFAULT, entropy=None, totals=None):
     """GRPO loss, Eq. 1 (Shao et al. 2024), the baseline. Per token: -[min(r A, clip(r, 1-eps, 1+eps) A) -
-    beta * KL_k3], eps = o.clip_eps, beta = o.beta, r = exp(logp - old_logp), aggregated as o.loss_type says.
+    beta * KL_k3], eps = objective.clip_eps, beta = objective.beta, r = exp(logp - old_logp), aggregated as
+    objective.loss_type says.
     old_logprobs=None: one iteration (r == 1); ref_logprobs=None or beta=0: no KL term; entropy (N,) = <H>_i adds
     +gamma <H>_i per completion (GRPO + filtering + gamma, App. 14). logprobs, old_logprobs, ref_logprobs, mask
     (N, L); advantages (N,). Returns (loss, metrics): "kl" (with a reference), "clip_ratio/region_mean"."""
@@ -464,37 +468,40 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, mask, advantages, o=DEFAULT,
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     ratio = torch.exp(logprobs - old)                               # (N, L)
     adv = advantages.unsqueeze(1)                                   # (N, 1)
-    clipped = torch.clamp(ratio, 1 - o.clip_eps, 1 + o.clip_eps)
+    clipped = torch.clamp(ratio, 1 - objective.clip_eps, 1 + objective.clip_eps)
     per_token = -torch.min(ratio * adv, clipped * adv)              # (N, L)
     metrics = {}
     if ref_logprobs is not None:
         kl = kl_k3(logprobs, ref_logprobs)                          # (N, L)
         metrics["kl"] = masked_mean(kl.detach(), mask)
-        if o.beta:
-            per_token = per_token + o.beta * kl
-    per_seq = None if entropy is None else o.ent_gamma * entropy    # (N,)
-    loss = aggregate(per_token, mask, o.loss_type, per_seq, totals)
+        if objective.beta:
+            per_token = per_token + objective.beta * kl
+    per_seq = None if entropy is None else objective.ent_gamma * entropy    # (N,)
+    loss = aggregate(per_token, mask, objective.loss_type, per_seq, totals)
     is_clipped = (ratio * adv > clipped * adv).to(mask.dtype)       # the min took the clipped arm
     metrics["clip_ratio/region_mean"] = masked_mean(is_clipped.detach(), mask)   # TRL's name
     metrics["loss"] = loss.detach()
     return loss, metrics
 
 
-def policy_loss(o, method, gate, logp, mask, adv, h, weights=None, n_conflict=None, ref=None, totals=None):
+def policy_loss(objective, method, mode, logp, mask, adv, h, weights=None, n_conflict=None, ref=None, totals=None):
     """The one place where GTPO and GRPO differ, given completions' log-probs: GTPO's loss (Eq. 7 with Eq. 5's
     weights) or GRPO's (Eq. 1), after Eq. 6-7 (shaped_advantages; GRPO only with a filter of its own, App. 14,
     Fig. 10c: GRPO + filtering + gamma; by default it is the plain baseline).
-    o: the Objective; method "gtpo" or "grpo"; gate: delta_i's mode (Objective.gate); logp (n, L) with grad;
-    mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient where o.entropy_grad(method); weights
-    (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L) reference log-probs (GRPO, beta > 0);
-    totals: the step these completions are part of (None = these alone).
-    Returns (loss, metrics, the shaped advantage (n,) or None).
+    objective: the Objective; method "gtpo" or "grpo"; mode: delta_i's (Objective.filter_mode); logp (n, L) with
+    grad; mask (n, L); adv (n,) from Eq. 8; h (n,) = <H>_i, with its gradient where objective.entropy_grad(method);
+    weights (n, L) and n_conflict (n,) from conflict_weights (GTPO); ref (n, L) reference log-probs (GRPO,
+    beta > 0); totals: the step these completions are part of (None = these alone).
+    Returns (loss, metrics, delta_i (n,) or None where the method's advantages are not shaped).
     """
-    shaped = shaped_advantages(adv, h, o, gate) if o.shapes(method) else None
-    penalty = h if o.entropy_grad(method) else None                               # Eq. 7's own term
+    shapes = objective.shapes(method)
+    shaped = shaped_advantages(adv, h, objective, mode) if shapes else adv                      # (n,) Eq. 6-7
+    entropy = h if objective.entropy_grad(method) else None                                     # Eq. 7's own term
+    delta = filter_deltas(adv, h, objective.ent_threshold, mode) if shapes else None
     if method == "gtpo":
-        loss, m = gtpo_loss(logp, mask, token_advantages(weights, n_conflict, shaped, o), o, penalty, totals)
+        loss, m = gtpo_loss(logp, mask, token_advantages(weights, n_conflict, shaped, objective), objective, entropy,
+                            totals)
         m["gtpo/mean_weight"] = masked_mean(weights.detach(), mask.to(logp.dtype))
-        return loss, m, shaped
-    loss, m = grpo_loss(logp, None, ref, mask, adv if shaped is None else shaped, o, penalty, totals)
-    return loss, m, shaped
+        return loss, m, delta
+    loss, m = grpo_loss(logp, None, ref, mask, shaped, objective, entropy, totals)
+    return loss, m, delta

@@ -231,24 +231,26 @@ def gtpo_config(args, model):
     return converted
 
 
-def per_token_advantages(ids, mask, advantages, h, group_size, o, gate, own=None):
+def per_token_advantages(ids, mask, advantages, h, group_size, objective, mode, own=None):
     """Eq. 5 and Eq. 6-7 for whole groups, from gtpo.py's functions, as train.py's loop computes them: Eq. 8's
     advantages -> per-token advantages A_{i,t} = lambda_{i,t} * shaped A_i (/ the conflict count with conflict_norm).
 
     ids, mask (N, T) right-padded completions, groups of `group_size` consecutive rows; advantages (N,) A_i; h (N,)
-    = <H>_i; o: the gtpo.Objective; gate: "all", "neg" or "off"; own (N, T) or None: the tokens the policy wrote
+    = <H>_i; objective: the gtpo.Objective; mode: delta_i's, "all", "neg" or "off"; own (N, T) or None: the tokens
+    the policy wrote
     (mask without tool output), which the conflict counts and metrics count (None: every real token).
     Returns (A (N, T) float32, metrics dict of floats).
     """
     own = mask if own is None else own
-    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, advantages, group_size, o, own)   # (N, T) Eq. 5
-    shaped = gtpo.shaped_advantages(advantages, h, o, gate)                         # (N,) Eq. 6-7
-    frac, h_dropped = gtpo.filtered_stats(advantages, shaped, h, o) if gate != "off" else (0.0, 0.0)
+    weights, conflict, n_conf = gtpo.batch_conflict_weights(ids, mask, advantages, group_size, objective, own)  # Eq. 5
+    shaped = gtpo.shaped_advantages(advantages, h, objective, mode)                 # (N,) Eq. 6-7
+    delta = gtpo.filter_deltas(advantages, h, objective.ent_threshold, mode)       # (N,) Eq. 6
+    frac, h_dropped = gtpo.filtered_stats(advantages, delta, h, objective) if mode != "off" else (0.0, 0.0)
     ours = own.bool()
     metrics = {"gtpo/conflict_frac": conflict.sum().item() / max(ours.sum().item(), 1),
                "gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped,
                "gtpo/mean_weight": gtpo.masked_mean(weights, ours).item()}
-    return gtpo.token_advantages(weights, n_conf, shaped, o), metrics
+    return gtpo.token_advantages(weights, n_conf, shaped, objective), metrics
 
 
 def flat_groups_to_zero(advantages, rewards, group_size):
@@ -339,8 +341,8 @@ class GTPOTrainer(GRPOTrainer):
         all_h, adv = acc.gather(h), acc.gather(out["advantages"])                   # (N,) each
         if self.multi_objective_aggregation == "sum_then_normalize":               # A_i centred on its group
             adv = flat_groups_to_zero(adv, self._rewards, G)
-        gate = self._gate(all_h, mode)
-        per_token, metrics = per_token_advantages(all_ids, all_mask, adv, all_h, G, self.objective, gate, all_own)
+        per_token, metrics = per_token_advantages(all_ids, all_mask, adv, all_h, G, self.objective,
+                                                  self._filter_mode(all_h, mode), all_own)
         rows = slice(acc.process_index * len(ids), (acc.process_index + 1) * len(ids))
         out["advantages"] = per_token[rows, :ids.shape[1]].to(out["advantages"].dtype)   # (n, T)
         metrics["gtpo/unscored_frac"] = self._rewards.isnan().all(dim=1).float().mean().item()   # TRL: A_i = 0
@@ -367,8 +369,8 @@ class GTPOTrainer(GRPOTrainer):
                 self._h_ini = json.load(f)["h_ini"]
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
 
-    def _gate(self, all_h, mode):
-        """Eq. 6 (gtpo.Objective.gate): "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first
+    def _filter_mode(self, all_h, mode):
+        """delta_i's mode (Eq. 6, gtpo.Objective.filter_mode): "auto" filters iff <H>_ini < ln 2, <H>_ini = mean <H>_i of the first
         training batch (saved with each checkpoint and restored on resume)."""
         if self.objective.entropy_filter != "auto":
             return self.objective.entropy_filter
@@ -376,7 +378,7 @@ class GTPOTrainer(GRPOTrainer):
             self._h_ini = all_h.mean().item()
         if self._h_ini is not None:
             self._metrics[mode]["gtpo/h_ini"].append(self._h_ini)
-        return "off" if self._h_ini is None else self.objective.gate("gtpo", self._h_ini)
+        return "off" if self._h_ini is None else self.objective.filter_mode("gtpo", self._h_ini)
 
     def _shards_parameters(self):
         """Whether the engine holds the parameters in pieces (DeepSpeed ZeRO-3, FSDP): then only the model's own

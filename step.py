@@ -1,10 +1,11 @@
 """One training step of GTPO, GRPO or SFT (arXiv 2508.03772): what the loop calls, and what
 the benchmarks (bench/) time.
 
-reference_step  the paper's path in one screen, for reading: generate -> reward -> Eq. 8 -> Eq. 5 ->
-           one forward -> Eq. 6-7 -> loss -> backward; rl_step computes the same gradient
+reference_step  the paper's path in one screen, for reading: generate -> reward -> Eq. 8 -> one forward ->
+           delta_i (Eq. 6), gamma <H>_i (Eq. 7), lambda_i,t (Eq. 5) -> loss -> backward; rl_step computes the
+           same gradient
 rl_step    rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
-           -> entropy gate (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
+           -> entropy filter and term (Eq. 6-7) -> micro-batched loss + backward -> the step's metrics
 sft_step   token NLL of the worked solution in the tag format, backward
 micro_batches  which completions each forward/backward takes: longest first within a group, each micro-batch
            as wide as its longest completion
@@ -57,11 +58,13 @@ def _sync_if(policy, last):
 def step_totals(cfg, mask, ranks=None):
     """What gtpo.aggregate divides each micro-batch's terms by: this rank's N completions, the step's real
     completion tokens averaged over ranks (ranks: runs.Dist under torchrun; only "dapo" reads it), and L_max =
-    max_completion_length. mask (N, L) -> gtpo.Totals."""
+    max_completion_length; with GTPO's sum_completions, 1 completion (the terms added, not averaged).
+    mask (N, L) -> gtpo.Totals."""
     tokens = float(mask.sum())
     if cfg.objective.loss_type == "dapo" and ranks is not None:
         tokens = ranks.mean({"tokens": tokens})["tokens"]
-    return gtpo.Totals(len(mask), tokens, cfg.max_completion_length)
+    summed = cfg.method == "gtpo" and cfg.objective.sum_completions            # Listing 3: no 1/G
+    return gtpo.Totals(1 if summed else len(mask), tokens, cfg.max_completion_length)
 
 
 def micro_batches(mask, G, size):
@@ -135,29 +138,45 @@ def reference_logprobs(model, ref_model, prompt, completion_ids, completion_mask
 # RL step: the paper's path in one screen (reference_step), then the one the loop runs (rl_step)
 
 def reference_step(model, tok, prompts, answers, cfg):
-    """One GTPO/GRPO step as the paper writes it, for reading: model.generate, the reward, Eq. 8's advantages,
-    Eq. 5's lambda, one forward of the policy over prompt + completions, Eq. 6-7, the loss, backward. No
-    micro-batches, shared prompt, DDP or metrics; rl_step computes the same gradient from the same samples
-    (tests/test_step.py) and is what train.py runs. GRPO's KL term (beta > 0) reads pi_ref as the loop does
-    (reference_logprobs). -> the loss."""
-    G, o = cfg.generation_size, cfg.objective
+    """One GTPO or GRPO step as the paper writes it, for reading: each term of the objective a named value.
+    rl_step computes the same loss and gradient from the same samples (tests/test_objective.py,
+    test_every_path_reads_every_setting_alike) and is what train.py runs; this one leaves out micro-batches, the
+    shared prompt, DDP and metrics. One iteration per batch of samples (Sec. 3): the ratio is 1 and carries
+    grad log pi, so GRPO's clip is inactive. -> the loss, after its backward."""
+    G, objective = cfg.generation_size, cfg.objective
+    # 1. G completions o_i per prompt (no grad), their rewards R_i (App. 16.1) and group advantages A_i (Eq. 8)
     ro = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature, path="generate")
-    mask, ids = ro.completion_mask, ro.completion_ids                                # (N, L)
-    total, _, _ = rewards.reward(ro.texts, [a for a in answers for _ in range(G)], cfg.reward_task)
-    adv = gtpo.group_advantages(total, G, o)                                         # (N,) Eq. 8
-    weights, _, n_conflict = gtpo.batch_conflict_weights(ids, mask, adv, G, o)       # (N, L) Eq. 5
-    inputs = torch.cat([ro.prompt_ids, ids], 1)                                      # (N, P + L)
-    attention = torch.cat([ro.prompt_mask, mask], 1)
-    P = ro.prompt_ids.shape[1]
+    ids, mask = ro.completion_ids, ro.completion_mask                                # (N, L), N = B x G
+    R, _, _ = rewards.reward(ro.texts, [a for a in answers for _ in range(G)], cfg.reward_task)   # (N,)
+    A = gtpo.group_advantages(R, G, objective)                                       # (N,) Eq. 8
+    # 2. one forward of the policy over prompt + completion: log pi(o_i,t) and the token entropies H_i,t
+    inputs, attention = torch.cat([ro.prompt_ids, ids], 1), torch.cat([ro.prompt_mask, mask], 1)   # (N, P + L)
     logits = model(input_ids=inputs, attention_mask=attention, position_ids=positions(attention)).logits
-    logits = logits[:, P - 1:-1].float() / cfg.temperature                          # (N, L, V): predicts ids
-    logp = gtpo.token_logprobs(logits, ids)                                          # (N, L) log pi
-    h = gtpo.masked_mean(gtpo.token_entropy(logits), mask, dim=1)                   # (N,) <H>_i, Sec. 4.2
-    ref = None
-    if cfg.method == "grpo" and o.beta > 0:                                          # Eq. 1's KL term
-        ref = reference_logprobs(model, None, (ro.prompt_ids, ro.prompt_mask, None), ids, mask, cfg)
-    loss, _, _ = gtpo.policy_loss(o, cfg.method, cfg.gate, logp, mask, adv, h, weights, n_conflict, ref,
-                                  step_totals(cfg, mask))                            # Eq. 6-7, then Eq. 7 or Eq. 1
+    logits = logits[:, ro.prompt_ids.shape[1] - 1:-1].float() / cfg.temperature     # (N, L, V): predicts ids
+    logp = gtpo.token_logprobs(logits, ids)                                          # (N, L) log pi(o_i,t)
+    H_i = gtpo.masked_mean(gtpo.token_entropy(logits), mask, dim=1)                 # (N,) <H>_i, Sec. 4.2
+    ratio = torch.exp(logp - logp.detach())                                          # (N, L) == 1, Sec. 3
+    # 3. what GTPO changes in GRPO's advantage: delta_i (Eq. 6), gamma <H>_i (Eq. 7), lambda_i,t (Eq. 5)
+    delta = gtpo.filter_deltas(A, H_i, objective.ent_threshold, cfg.filter_mode)    # (N,) 0 or 1, Eq. 6
+    gamma_H = objective.ent_gamma * H_i                                              # (N,) gamma <H>_i, Eq. 7
+    if not objective.shapes(cfg.method):        # GRPO as Eq. 1 writes it (App. 14 adds delta_i and gamma to it)
+        A_hat, entropy_term = A, None
+    elif objective.entropy_term == "eq7":       # Eq. 7 as written: -gamma <H>_i, a term of its own, with its grad
+        A_hat, entropy_term = delta * A, gamma_H
+    else:                                       # the released code: folded into the advantage, detached
+        A_hat, entropy_term = delta * (A - gamma_H.detach()), None
+    if cfg.method == "gtpo":
+        lam, _, n_conflict = gtpo.batch_conflict_weights(ids, mask, A, G, objective)   # (N, L) lambda_i,t, Eq. 5
+        A_it = gtpo.token_advantages(lam, n_conflict, A_hat, objective)              # (N, L) lambda_i,t A_hat_i
+    else:
+        A_it = A_hat.unsqueeze(1)                                                    # (N, 1) every token's
+    # 4. the loss: minus GRPO's surrogate ratio x advantage per token (Eq. 1, 20), + beta KL for GRPO, then Eq. 7's
+    #    -(1/G) sum_i [(1/|o_i|) sum_t ... - gamma <H>_i]: the loss adds gamma <H>_i (gtpo.aggregate's per_seq)
+    per_token = -ratio * A_it                                                        # (N, L)
+    if cfg.method == "grpo" and objective.beta > 0:
+        ref = reference_logprobs(model, None, (ro.prompt_ids, ro.prompt_mask, None), ids, mask, cfg)   # (N, L)
+        per_token = per_token + objective.beta * gtpo.kl_k3(logp, ref)              # Eq. 1's KL term
+    loss = gtpo.aggregate(per_token, mask, objective.loss_type, entropy_term, step_totals(cfg, mask))
     loss.backward()
     return loss
 
@@ -193,13 +212,14 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     if conflict_log is not None:
         conflict_log.add(sampled.completion_ids, mask, adv, G)                            # which tokens (Fig. 9)
     clock("masks")                                  # on every rank: ranks average the same metric keys
-    # ---- 4. entropy gate (Eq. 6-7) and loss over micro-batches of completions, backward
-    mean_entropy, gated, metrics = policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conflict,
-                                                   clock, ranks)
+    # ---- 4. entropy filter and term (Eq. 6-7) and loss over micro-batches of completions, backward
+    mean_entropy, deltas, metrics = policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conflict,
+                                                    clock, ranks)
     metrics.update(rl_metrics(cfg, sampled, total, formatting, correctness, mean_entropy, metrics.pop("loss")))
     metrics["rewards/guarded"] = counts.get("guarded", 0)               # answers scored wrong unparsed (rewards.py)
-    if gated is not None:
-        frac, dropped_entropy = gtpo.filtered_stats(adv, gated, mean_entropy, cfg.objective) if cfg.gate != "off" else (0.0, 0.0)
+    if deltas is not None:
+        frac, dropped_entropy = (gtpo.filtered_stats(adv, deltas, mean_entropy, cfg.objective)
+                                 if cfg.filter_mode != "off" else (0.0, 0.0))
         metrics.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": dropped_entropy})
     if cfg.method == "gtpo":
         metrics.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
@@ -212,11 +232,11 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
     on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
     so the micro-batch size does not change the gradient. With --share_prompt each prompt runs once
     for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward.
-    Returns (<H>_i (N,), the gated advantages (N,) or None, {"loss": float, and the token means of the
-    losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
-    G, mask, N, o, gate = cfg.generation_size, sampled.completion_mask, len(sampled.texts), cfg.objective, cfg.gate
+    Returns (<H>_i (N,), delta_i (N,) or None where the method's advantages are not shaped, {"loss": float, and
+    the token means of the losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
+    G, mask, N, objective = cfg.generation_size, sampled.completion_mask, len(sampled.texts), cfg.objective
     totals, batches = step_totals(cfg, mask, ranks), micro_batches(mask, G, cfg.micro_batch_size or N)
-    all_entropy, gated, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0     # (N,) in rollout order
+    all_entropy, deltas, token_sums, loss_sum = adv.new_zeros(N), None, {}, 0.0    # (N,) in rollout order
     prompts = None
     if cfg.share_prompt and len(batches) > 1:                    # each prompt once for all the micro-batches
         with _sync_if(policy, False), autocast(model):
@@ -230,7 +250,7 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
             prompts.last = last
         with _sync_if(policy, last):
             ref = None
-            if cfg.method == "grpo" and o.beta > 0:                                  # KL term of Eq. 1
+            if cfg.method == "grpo" and objective.beta > 0:                          # KL term of Eq. 1
                 ref = reference_logprobs(model, ref_model, prompt, ids, mb_mask, cfg)
                 clock("reference")
             with autocast(model):
@@ -238,13 +258,14 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
                                                         logprob_chunk=cfg.logprob_chunk,
                                                         prompt_index=prompt[2] if prompts is None else rows // G,
                                                         temperature=cfg.temperature,     # of what was sampled
-                                                        entropy_grad=o.entropy_grad(cfg.method), prompts=prompts)
+                                                        entropy_grad=objective.entropy_grad(cfg.method),
+                                                        prompts=prompts)
                 mean_entropy = gtpo.masked_mean(token_entropy, mb_mask, dim=1)                # (n,) <H>_i
-                loss, loss_metrics, shaped = gtpo.policy_loss(o, cfg.method, gate, logp, mb_mask, adv[rows],
-                                                              mean_entropy,
-                                                              None if weights is None else weights[rows, :width],
-                                                              None if n_conflict is None else n_conflict[rows], ref,
-                                                              totals)
+                loss, loss_metrics, delta = gtpo.policy_loss(objective, cfg.method, cfg.filter_mode, logp, mb_mask,
+                                                             adv[rows], mean_entropy,
+                                                             None if weights is None else weights[rows, :width],
+                                                             None if n_conflict is None else n_conflict[rows], ref,
+                                                             totals)
             clock("forward")
             if prompts is not None and last:    # and the gradient the prompts gathered, in the same backward
                 prompts.backward(loss)
@@ -252,15 +273,15 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
                 loss.backward()             # always (DDP ranks must agree); a NaN is caught at the step
             clock("backward")
         all_entropy[rows] = mean_entropy.detach()
-        if shaped is not None:
-            gated = adv.new_zeros(N) if gated is None else gated
-            gated[rows] = shaped.detach()
+        if delta is not None:
+            deltas = adv.new_zeros(N) if deltas is None else deltas
+            deltas[rows] = delta
         for key in ("kl", "clip_ratio/region_mean", "gtpo/mean_weight"):             # token-weighted
             if key in loss_metrics:
                 token_sums.setdefault(key, []).append(loss_metrics[key] * mb_mask.sum())
         loss_sum += loss.item()
     metrics = {key: (sum(sums) / mask.sum().clamp(min=1)).item() for key, sums in token_sums.items()}
-    return all_entropy, gated, {"loss": loss_sum, **metrics}
+    return all_entropy, deltas, {"loss": loss_sum, **metrics}
 
 
 def rl_metrics(cfg, sampled, total, formatting, correctness, mean_entropy, loss):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import gtpo
-from gtpo import (Objective, batch_conflict_weights, conflict_weights, entropy_filter, entropy_gate, group_advantages,
-                  grpo_loss, gtpo_loss, kl_k3, masked_mean, token_advantages, token_entropy, token_logprobs)
+from gtpo import (Objective, batch_conflict_weights, conflict_weights, eq7_advantages, group_advantages, grpo_loss,
+                  gtpo_loss, kl_k3, masked_mean, released_advantages, token_advantages, token_entropy, token_logprobs)
 
 
 def pad(rows, fill=0):
@@ -259,31 +259,44 @@ def test_token_entropy_edge_cases():
     assert abs(token_entropy(huge).item() - ref.item()) < 1e-5
 
 
-def test_entropy_gate_modes():
+def test_released_advantages_modes():
     A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
     H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8])
     thr, gam = math.log(2), 0.1
     shaped = A - gam * H
-    out = entropy_gate(A, H, thr, gam, "all")
+    out = released_advantages(A, H, thr, gam, "all")
     assert torch.allclose(out, torch.tensor([shaped[0], 0.0, 0.0, shaped[3], 0.0]))
-    out = entropy_gate(A, H, thr, gam, "neg")                        # only A<0 rows are filtered
+    out = released_advantages(A, H, thr, gam, "neg")                        # only A<0 rows are filtered
     assert torch.allclose(out, torch.tensor([shaped[0], 0.0, shaped[2], shaped[3], shaped[4]]))
-    assert torch.allclose(entropy_gate(A, H, thr, gam, "off"), shaped)
+    assert torch.allclose(released_advantages(A, H, thr, gam, "off"), shaped)
     # <H>_i == threshold is kept (delta_i = 1 iff <H>_i <= ln 2, Eq. 6)
-    assert entropy_gate(torch.tensor([1.0]), torch.tensor([thr]), thr, 0.0, "all").item() == 1.0
+    assert released_advantages(torch.tensor([1.0]), torch.tensor([thr]), thr, 0.0, "all").item() == 1.0
     with pytest.raises(ValueError):
-        entropy_gate(A, H, thr, gam, "sometimes")
+        released_advantages(A, H, thr, gam, "sometimes")
 
 
-def test_filtered_stats_counts_only_what_the_gate_removed():
+def test_filter_deltas_are_eq6s_zeros_and_ones():
+    """delta_i = 0 where <H>_i is above the threshold ("neg": and A_i < 0), 1 elsewhere and == the threshold;
+    "off" keeps every completion; an unknown mode is refused."""
+    A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
+    H = torch.tensor([0.2, 0.9, 1.5, math.log(2), 0.8])
+    assert gtpo.filter_deltas(A, H, math.log(2), "all").tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert gtpo.filter_deltas(A, H, math.log(2), "neg").tolist() == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert gtpo.filter_deltas(A, H, math.log(2), "off").tolist() == [1.0] * 5
+    with pytest.raises(ValueError, match="entropy filter mode"):
+        gtpo.filter_deltas(A, H, 0.7, "sometimes")
+
+
+def test_filtered_stats_counts_only_what_the_filter_removed():
     A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
     H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8])
+    o = Objective(entropy_term="released", ent_gamma=0.1)
     # "all": rows 1 and 2 lose their advantage; row 4 (A = 0, H > ln 2) had nothing to lose
-    frac, h = gtpo.filtered_stats(A, entropy_gate(A, H, math.log(2), 0.1, "all"), H)
+    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "all"), H, o)
     assert frac == pytest.approx(2 / 5) and h == pytest.approx((0.9 + 1.5) / 2)
-    frac, h = gtpo.filtered_stats(A, entropy_gate(A, H, math.log(2), 0.1, "neg"), H)
+    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "neg"), H, o)
     assert frac == pytest.approx(1 / 5) and h == pytest.approx(0.9)
-    assert gtpo.filtered_stats(A, entropy_gate(A, H, 2.0, 0.1, "all"), H) == (0.0, 0.0)
+    assert gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, 2.0, "all"), H, o) == (0.0, 0.0)
 
 
 def test_filtered_frac_and_entropy_count_a_soft_gates_share():
@@ -294,25 +307,24 @@ def test_filtered_frac_and_entropy_count_a_soft_gates_share():
     H = torch.tensor([0.2, 0.9, 1.5, 0.8, 0.4])
     delta = torch.tensor([0.5, 1.0, 0.0, 0.25, 0.75])                  # row 3 has A = 0: nothing to remove
     for o in (Objective(entropy_term="eq7"), Objective(entropy_term="released", ent_gamma=0.1)):
-        ungated = gtpo.shaped_advantages(A, H, o, "off")
-        frac, h = gtpo.filtered_stats(A, delta * ungated, H, o)
+        frac, h = gtpo.filtered_stats(A, delta, H, o)
         assert frac == pytest.approx((0.5 + 0.0 + 1.0 + 0.25) / 5)
         assert h == pytest.approx((0.5 * 0.2 + 1.0 * 1.5 + 0.25 * 0.4) / 1.75)
         hard = (delta > 0.6).float()                                    # rows 0 and 2 zeroed (3 has A = 0)
-        assert gtpo.filtered_stats(A, hard * ungated, H, o) == pytest.approx((2 / 5, (0.2 + 1.5) / 2))
+        assert gtpo.filtered_stats(A, hard, H, o) == pytest.approx((2 / 5, (0.2 + 1.5) / 2))
 
 
-def test_entropy_filter_modes_drop_the_advantage_only():
+def test_eq7_advantages_modes_drop_the_advantage_only():
     """Eq. 6 as written: delta_i * A_i; gamma does not enter the advantage (Eq. 7's term is the loss's)."""
     A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
     H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8], requires_grad=True)
-    assert torch.equal(entropy_filter(A, H, math.log(2), "all"), torch.tensor([1.0, 0.0, 0.0, -0.5, 0.0]))
-    assert torch.equal(entropy_filter(A, H, math.log(2), "neg"), torch.tensor([1.0, 0.0, 0.5, -0.5, 0.0]))
-    assert torch.equal(entropy_filter(A, H, math.log(2), "off"), A)
-    assert entropy_filter(torch.tensor([1.0]), torch.tensor([0.7]), 0.7, "all").item() == 1.0   # == is kept
-    assert not entropy_filter(A, H, math.log(2), "all").requires_grad
+    assert torch.equal(eq7_advantages(A, H, math.log(2), "all"), torch.tensor([1.0, 0.0, 0.0, -0.5, 0.0]))
+    assert torch.equal(eq7_advantages(A, H, math.log(2), "neg"), torch.tensor([1.0, 0.0, 0.5, -0.5, 0.0]))
+    assert torch.equal(eq7_advantages(A, H, math.log(2), "off"), A)
+    assert eq7_advantages(torch.tensor([1.0]), torch.tensor([0.7]), 0.7, "all").item() == 1.0   # == is kept
+    assert not eq7_advantages(A, H, math.log(2), "all").requires_grad
     with pytest.raises(ValueError):
-        entropy_filter(A, H, 0.7, "sometimes")
+        eq7_advantages(A, H, 0.7, "sometimes")
 
 
 def test_gtpo_loss_entropy_term_of_every_completion_with_its_gradient():
@@ -320,7 +332,7 @@ def test_gtpo_loss_entropy_term_of_every_completion_with_its_gradient():
     stays for a filtered completion, and d loss / d <H>_i = gamma / N."""
     logp, mask, adv, w, lengths = _fixture()
     H = torch.tensor([0.2, 0.9, 1.5, 0.3], requires_grad=True)
-    a = entropy_filter(adv, H, 0.7, "all")                          # rows 1 and 2 filtered
+    a = eq7_advantages(adv, H, 0.7, "all")                          # rows 1 and 2 filtered
     loss, _ = gtpo_loss(logp, mask, token_advantages(w, None, a), Objective(ent_gamma=0.1), entropy=H)
     N = len(adv)
     adv_term = -sum((w[i, :lengths[i]] * a[i]).sum() / lengths[i] for i in range(N)) / N
@@ -335,11 +347,11 @@ def test_released_form_gives_no_gradient_when_all_are_filtered_eq7_does():
     gradient at all); Eq. 7 keeps gamma <H>_i for each."""
     logp, mask, adv, w, _ = _fixture()
     H = torch.tensor([1.2, 0.9, 1.5, 0.8], requires_grad=True)
-    released, _ = gtpo_loss(logp, mask, token_advantages(w, None, entropy_gate(adv, H, 0.0, 0.1, "all")))
+    released, _ = gtpo_loss(logp, mask, token_advantages(w, None, released_advantages(adv, H, 0.0, 0.1, "all")))
     released.backward()
     assert released.item() == 0 and logp.grad.abs().sum() == 0 and H.grad is None
     logp.grad = None
-    eq7, _ = gtpo_loss(logp, mask, token_advantages(w, None, entropy_filter(adv, H, 0.0, "all")),
+    eq7, _ = gtpo_loss(logp, mask, token_advantages(w, None, eq7_advantages(adv, H, 0.0, "all")),
                        Objective(ent_gamma=0.1), entropy=H)
     eq7.backward()
     assert logp.grad.abs().sum() == 0 and (H.grad > 0).all()
@@ -349,7 +361,7 @@ def test_released_form_gives_no_gradient_when_all_are_filtered_eq7_does():
 def test_gamma_zero_and_no_filter_make_both_forms_the_same():
     logp, mask, adv, w, _ = _fixture()
     H = torch.tensor([1.2, 0.9, 1.5, 0.8])
-    a, b = entropy_gate(adv, H, 0.7, 0.0, "off"), entropy_filter(adv, H, 0.7, "off")
+    a, b = released_advantages(adv, H, 0.7, 0.0, "off"), eq7_advantages(adv, H, 0.7, "off")
     assert torch.equal(a, b)
     assert torch.equal(gtpo_loss(logp, mask, token_advantages(w, None, a))[0],
                        gtpo_loss(logp, mask, token_advantages(w, None, b), Objective(ent_gamma=0.0), entropy=H)[0])
@@ -357,7 +369,7 @@ def test_gamma_zero_and_no_filter_make_both_forms_the_same():
 
 def test_entropy_gate_does_not_backprop_through_entropy():
     H = torch.tensor([0.2, 0.3], requires_grad=True)
-    out = entropy_gate(torch.tensor([1.0, -1.0]), H, 0.7, 0.1, "all")
+    out = released_advantages(torch.tensor([1.0, -1.0]), H, 0.7, 0.1, "all")
     assert not out.requires_grad
 
 

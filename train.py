@@ -179,7 +179,7 @@ def start_rl_phase(cfg, optimizer):
 
 def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     """<H>_ini (Sec. 6) on the first --ent_ini_prompts training prompts, once per run (kept in the
-    checkpoint); only GTPO with --entropy_filter auto reads it (Eq. 6, Config.gate). -> the config with h_ini."""
+    checkpoint); only GTPO with --entropy_filter auto reads it (Eq. 6, Config.filter_mode). -> the config with h_ini."""
     if cfg.method != "gtpo" or cfg.objective.entropy_filter != "auto":
         return cfg
     recs = records[:cfg.ent_ini_prompts]
@@ -192,8 +192,8 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
         total = dist.mean({"sum": h.sum().item(), "n": len(h)})  # ranks' means of sums and counts: their ratio
         state["h_ini"] = total["sum"] / total["n"]
     cfg = dataclasses.replace(cfg, h_ini=state["h_ini"])
-    log(f"<H>_ini = {cfg.h_ini:.3f} over {len(recs)} prompts {'<' if cfg.gate == 'all' else '>='} ln 2 "
-        f"-> entropy filter {cfg.gate} (Eq. 6)")
+    log(f"<H>_ini = {cfg.h_ini:.3f} over {len(recs)} prompts {'<' if cfg.filter_mode == 'all' else '>='} ln 2 "
+        f"-> entropy filter {cfg.filter_mode} (Eq. 6)")
     return cfg
 
 
@@ -293,7 +293,7 @@ def start_run_folder(cfg, total_steps, dist, changes, step, log, parsed):
     now = record(cfg)
     sources = {k: "setup (the model, memory plan or <H>_ini)" if now[k] != parsed[k] else v
                for k, v in (cfg.sources or {}).items()}
-    write_config(cfg.output_dir, {**now, "sources": sources, "entropy_filter_applied": cfg.gate,
+    write_config(cfg.output_dir, {**now, "sources": sources, "entropy_filter_applied": cfg.filter_mode,
                                   "total_steps": total_steps, "world_size": dist.world,
                                   "cpu_threads": torch.get_num_threads()}, cfg.resume, changes, step)
     return aside

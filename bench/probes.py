@@ -148,7 +148,7 @@ def probe_loss(cfg, device):
             logp = gtpo.token_logprobs(logits, ids)
             with torch.no_grad():
                 ent = torch.cat([gtpo.token_entropy(c) for c in logits.detach().flatten(0, 1).split(512)]).view(N, L)
-        a = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, mask, 1), 0.7, 0.1)
+        a = gtpo.released_advantages(adv, gtpo.masked_mean(ent, mask, 1), 0.7, 0.1)
         loss, _ = gtpo.gtpo_loss(logp, mask, gtpo.token_advantages(w, None, a))
         loss.backward()
         hidden.grad = None

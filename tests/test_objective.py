@@ -159,7 +159,7 @@ def _trl(trainer, model, ro, o, h_ini):
            "completion_mask": ro.completion_mask}
     h = trainer._mean_entropy(out)
     adv = gtpo.group_advantages(REWARDS, G, o)                           # Eq. 8, as TRL's advantages give it
-    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, o, o.gate("gtpo", h_ini))
+    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, o, o.filter_mode("gtpo", h_ini))
     model.train()
     model.zero_grad()
     loss = trainer._compute_loss(model, {**out, "advantages": advantages,

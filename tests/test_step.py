@@ -399,7 +399,7 @@ def test_merged_lora_is_exact_and_leaves_base_weights_bit_identical(tiny_lm):
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
 
 
-def test_grpo_takes_the_entropy_gate_only_when_asked():
+def test_grpo_takes_the_entropy_filter_and_term_only_when_asked():
     """App. 14 / Fig. 10c: GRPO + filtering + gamma, in both readings of Eq. 7's term. Default GRPO is the
     plain baseline (Eq. 1)."""
     g = torch.Generator().manual_seed(4)
@@ -408,24 +408,26 @@ def test_grpo_takes_the_entropy_gate_only_when_asked():
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     h = torch.tensor([1.2, 1.5, 0.9, 1.2])                     # <H>_i: rows 0, 1 and 3 above 1.05
     def policy_loss(o):
-        return gtpo.policy_loss(o, "grpo", o.gate("grpo"), logp, mask, adv, h)
-    plain, _, a = policy_loss(gtpo.Objective())
-    assert a is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
+        return gtpo.policy_loss(o, "grpo", o.filter_mode("grpo"), logp, mask, adv, h)
+    plain, _, delta = policy_loss(gtpo.Objective())
+    assert delta is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
     # released: delta_i (A_i - gamma <H>_i)
     o = gtpo.Objective(entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1, entropy_term="released")
-    gated, m, a = policy_loss(o)
+    filtered, m, delta = policy_loss(o)
+    assert delta.tolist() == [0.0, 0.0, 1.0, 0.0]
     want = torch.tensor([0.0, 0.0, 0.5 - 0.09, 0.0])
-    torch.testing.assert_close(a, want)
-    assert gated.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
-    assert gated.item() != pytest.approx(plain.item())
-    neg, _, a = policy_loss(dataclasses.replace(o, entropy_filter="neg"))
-    torch.testing.assert_close(a, torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0]))   # OnlyNeg keeps row 0 (A > 0)
-    assert neg.item() != pytest.approx(gated.item())
+    torch.testing.assert_close(gtpo.shaped_advantages(adv, h, o, "all"), want)
+    assert filtered.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
+    assert filtered.item() != pytest.approx(plain.item())
+    neg, _, delta = policy_loss(dataclasses.replace(o, entropy_filter="neg"))
+    assert delta.tolist() == [1.0, 0.0, 1.0, 0.0]                    # OnlyNeg keeps row 0 (A > 0)
+    want = torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0])
+    assert neg.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
     # Eq. 7: delta_i A_i, and + gamma <H>_i over every completion, filtered or not
-    eq7, _, a = policy_loss(dataclasses.replace(o, entropy_term="eq7"))
-    torch.testing.assert_close(a, torch.tensor([0.0, 0.0, 0.5, 0.0]))
-    want = gtpo.grpo_loss(logp, None, None, mask, a)[0].item() + 0.1 * (1.2 + 1.5 + 0.9 + 1.2) / 4
-    assert eq7.item() == pytest.approx(want, abs=1e-6)
+    eq7, _, delta = policy_loss(dataclasses.replace(o, entropy_term="eq7"))
+    assert delta.tolist() == [0.0, 0.0, 1.0, 0.0]
+    want = gtpo.grpo_loss(logp, None, None, mask, torch.tensor([0.0, 0.0, 0.5, 0.0]))[0].item()
+    assert eq7.item() == pytest.approx(want + 0.1 * (1.2 + 1.5 + 0.9 + 1.2) / 4, abs=1e-6)
 
 
 def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):

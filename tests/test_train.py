@@ -164,7 +164,7 @@ def test_every_flag_is_documented_in_docs_training():
 
 def test_config_defaults_profiles_and_unknown_fields():
     """One Config: paper defaults in its fields, the demo's in PROFILES, flags given win; an unknown
-    field fails; "auto" filter resolved once (Config.gate); the method decides Adam's betas."""
+    field fails; "auto" filter resolved once (Config.filter_mode); the method decides Adam's betas."""
     from config import Config, parse_args
     demo, paper = parse_args([]), parse_args(["--model", "llama-8b", "--device", "cuda"])
     assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (3e-4, 8, 32, True)
@@ -174,11 +174,11 @@ def test_config_defaults_profiles_and_unknown_fields():
     assert (paper.adam_beta1, parse_args(["--use_grpo"]).adam_beta1) == (0.999999, 0.9)
     with pytest.raises(TypeError, match="learning_rate"):
         Config(learning_rate=1e-6)
-    assert Config(method="grpo").gate == "off" and Config(h_ini=0.5).gate == "all"
-    assert Config(h_ini=0.9).gate == "off"
-    assert Config(method="grpo", objective=gtpo.Objective(entropy_filter="neg")).gate == "neg"
+    assert Config(method="grpo").filter_mode == "off" and Config(h_ini=0.5).filter_mode == "all"
+    assert Config(h_ini=0.9).filter_mode == "off"
+    assert Config(method="grpo", objective=gtpo.Objective(entropy_filter="neg")).filter_mode == "neg"
     with pytest.raises(ValueError, match="needs <H>_ini"):
-        Config().gate
+        Config().filter_mode
 
 
 def test_released_code_selects_every_released_behaviour_and_given_flags_win():
@@ -360,7 +360,7 @@ def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     for chunk in (0, 4, 256):                           # full logits; chunks smaller and larger than T
         model.zero_grad()
         logp, ent = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask, logprob_chunk=chunk)
-        shaped = gtpo.entropy_gate(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1)
+        shaped = gtpo.released_advantages(adv, gtpo.masked_mean(ent, c_mask, 1), 0.7, 0.1)
         loss, _ = gtpo.gtpo_loss(logp, c_mask, gtpo.token_advantages(weights, None, shaped))
         loss.backward()
         out[chunk] = (logp.detach(), ent, loss.detach(), grads(model))

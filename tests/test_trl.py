@@ -250,9 +250,9 @@ def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, ti
     seen = []
 
     class Watching(GTPOTrainer):
-        def _gate(self, all_h, mode):
+        def _filter_mode(self, all_h, mode):
             seen.append((self._h_ini, all_h.mean().item()))
-            return super()._gate(all_h, mode)
+            return super()._filter_mode(all_h, mode)
 
     def trainer(steps):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
