@@ -1,5 +1,5 @@
 """Evaluation: a model sampled on a problem set and scored, pass@k and maj@k at temperature 1.0 (Sec. 6; Fig. 2
-bottom, Fig. 3), or a run's KL to its start (--drift); the figures are plots.py's, called from here.
+bottom, Fig. 3), or a run's KL to its start (--drift); the figures are analysis/plots.py's, called from here.
 
     python eval.py                                    # embedded model, built-in task, offline
     python eval.py --model llama-8b --adapter runs/gtpo-llama-8b-gsm8k/final --dataset gsm8k \\
@@ -26,15 +26,15 @@ import sys
 import torch
 
 import rewards
-import runs
-from runs import ConfigError
-from data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
-from config import check_device
-from drift import drift_main
-from models import ModelError, load_eval_model, pick_dtype
-from plots import model_label, plot_main, plot_passk
+from analysis.drift import drift_main
+from analysis.plots import model_label, plot_main, plot_passk
+from machinery import runs
+from machinery.config import check_device
+from machinery.data import DataError, format_prompt, load_task, one_shot_example, read_jsonl, task_name
+from machinery.models import ModelError, load_eval_model, pick_dtype
+from machinery.runs import ConfigError
 from rewards import answers_equal, extract_answer
-from memory import pick_sampler
+from speedups.memory import pick_sampler
 
 EXACT_MAJ_SUBSETS = 5000        # maj@k is computed exactly when C(n, k) is at most this
 STOPPED = 130                   # the exit code of a command ended by Ctrl-C (128 + SIGINT), as shells give it
@@ -253,7 +253,8 @@ def sample_problems(model, tok, records, task, args, example, out_f, rows=(), sh
 # 3. main
 
 def parse_args(argv=None):
-    from config import AT_LEAST_0, AT_LEAST_1, POSITIVE, Parser, checked   # train.py's flag spelling, errors, ranges
+    from gtpo import AT_LEAST_0
+    from machinery.flags import AT_LEAST_1, POSITIVE, Parser, checked   # train.py's flag spelling, errors, ranges
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     count, at_least_1, positive = checked(int, AT_LEAST_0), checked(int, AT_LEAST_1), checked(float, POSITIVE)

@@ -319,28 +319,22 @@ def filter_deltas(advantages, entropy, threshold, mode):
     a constant -> (N,) in advantages' dtype."""
     if mode not in FILTER_MODES:
         raise ValueError(f"entropy filter mode must be one of {', '.join(FILTER_MODES)}, got {mode!r}")
-    drop = entropy.detach() > threshold                             # (N,)
-    if mode == "neg":
-        drop &= advantages < 0
-    elif mode == "off":
-        drop = torch.zeros_like(drop)
-    return (~drop).to(advantages.dtype)
+    drop = (entropy.detach() > threshold) & (mode != "off")        # (N,)
+    return (~(drop & (advantages < 0) if mode == "neg" else drop)).to(advantages.dtype)
 
 
 def eq7_advantages(advantages, entropy, threshold, mode="all"):
-    """delta_i A_i, Eq. 6-7 as written: the advantage term of a filtered completion is dropped; Eq. 7's
-    -gamma <H>_i stays outside delta_i (gtpo_loss's `entropy`). advantages (N,), entropy (N,) = <H>_i; modes as
-    filter_deltas -> (N,)."""
+    """delta_i A_i, Eq. 6-7 as written: Eq. 7's -gamma <H>_i stays outside delta_i (gtpo_loss's `entropy`).
+    advantages (N,), entropy (N,) = <H>_i; modes as filter_deltas -> (N,)."""
     delta = filter_deltas(advantages, entropy, threshold, mode)     # (N,)
     return torch.where(delta > 0, advantages, torch.zeros_like(advantages))
 
 
 def released_advantages(advantages, entropy, threshold, gamma, mode="all"):
-    """delta_i (A_i - gamma <H>_i): Eq. 6-7 as the released code realises them (App. 16, Listing 3 step 2;
-    entropy_term "released"): the penalty folded into the advantage, <H>_i detached (gamma acts through
-    d log pi, not dH/dtheta), and a filtered completion loses it with its advantage, so a step whose completions
-    are all filtered has no gradient. advantages (N,), entropy (N,) = <H>_i; modes as filter_deltas. lambda
-    comes from the raw A_i: one turned negative here keeps lambda = 2, as in the released code."""
+    """delta_i (A_i - gamma <H>_i): Eq. 6-7 as the released code realises them (App. 16, Listing 3 step 2): the
+    penalty folded into the advantage, <H>_i detached (gamma acts through d log pi, not dH/dtheta), lost with the
+    advantage when filtered. advantages (N,), entropy (N,) = <H>_i; modes as filter_deltas. lambda comes from the
+    raw A_i: one turned negative here keeps lambda = 2, as in the released code."""
     entropy = entropy.detach().to(advantages.dtype)
     shaped = advantages - gamma * entropy                           # (N,)
     delta = filter_deltas(advantages, entropy, threshold, mode)
@@ -374,10 +368,9 @@ def token_advantages(weights, n_conflict, advantages, objective=DEFAULT):
 
 
 def filtered_stats(advantages, delta, entropy, objective=DEFAULT):
-    """What Eq. 6's filter removed: (the share of completions with delta_i = 0 among all N, counting those whose
-    advantage term was not 0 anyway; their mean <H>_i, or 0.0). advantages (N,) from Eq. 8, delta (N,)
-    (filter_deltas), entropy (N,) <H>_i, objective: the one that shaped (its unfiltered advantage says which
-    terms were 0 anyway)."""
+    """What Eq. 6's filter removed: (sum_i (1 - delta_i) / N over completions whose unfiltered advantage is not 0;
+    their mean <H>_i, or 0.0). advantages (N,) from Eq. 8, delta (N,), entropy (N,) <H>_i, objective: the one
+    that shaped."""
     unfiltered = shaped_advantages(advantages, entropy, objective, "off")                 # (N,)
     removed = (1 - delta) * ((advantages != 0) & (unfiltered != 0))                      # (N,) 1 - delta_i
     total = removed.sum().item()

@@ -39,7 +39,7 @@ import threading
 import time
 from fractions import Fraction
 
-from data import answer_text
+from machinery.data import answer_text
 
 SERVING_LATEX = __name__ == "__main__" and sys.argv[1:] == ["--serve-latex"]
 if not SERVING_LATEX:    # the math-verify child (LatexWorker) runs this file: without torch it is ready sooner

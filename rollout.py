@@ -2,16 +2,15 @@
 
 rollout(...)      all prompts x G sampled as one batch, no grad -> Rollout (ids, masks, texts)
 resolve_path()    which sampler runs: `generate` through the policy (this file), a merged bf16 copy with
-                  its own decode loop (merged_rollout.py), or on CPU the shared-prompt decode loop
-                  of cpu_rollout.py (same distribution, other random draws)
+                  its own decode loop (speedups/merged_rollout.py), or on CPU the shared-prompt decode loop
+                  of speedups/cpu_rollout.py (same distribution, other random draws)
 completion_mask   1 up to and including the first EOS
 """
 from dataclasses import dataclass
 
 import torch
 
-import cpu_rollout
-import merged_rollout
+from speedups import cpu_rollout, merged_rollout
 
 PATHS = ("auto", "generate", "shared", "merged")
 
@@ -27,7 +26,7 @@ class Rollout:
 
 
 def resolve_path(path, device):
-    """--rollout: "auto" is the shared-prompt decode loop on CPU (cpu_rollout.py, where it is
+    """--rollout: "auto" is the shared-prompt decode loop on CPU (speedups/cpu_rollout.py, where it is
     tested and pays) and `generate` on every other device; "generate" / "shared" / "merged" force one."""
     if path not in PATHS:
         raise ValueError(f"rollout path must be one of {PATHS}, got {path!r}")

@@ -25,10 +25,10 @@ import torch
 
 import gtpo
 import rewards
-from data import format_prompt, tagged_solution
-from gtpo_logprobs import positions, prompt_pass, sequence_logprobs
-from models import autocast
+from machinery.data import format_prompt, tagged_solution
+from machinery.models import autocast
 from rollout import rollout
+from speedups.logprobs import positions, prompt_pass, sequence_logprobs
 
 
 class Clock:
@@ -186,7 +186,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     """One GTPO/GRPO step on B prompts: leaves gradients of the step's loss over its B x G completions.
 
     model: the policy (generates; reference with adapters off); policy: the same model for the
-    gradient pass, a DDP-wrapped gtpo_logprobs.PolicyPass under torchrun. prompts: B chat-formatted
+    gradient pass, a DDP-wrapped speedups.logprobs.PolicyPass under torchrun. prompts: B chat-formatted
     strings; answers: B references. conflict_log: a conflicts.ConflictLog to count the step's
     conflict tokens into (GTPO or GRPO). ranks: runs.Dist under torchrun (step_totals).
     Returns (metrics, rollout, scored) with scored = {"rewards" (N,), "advantages" (N,),
@@ -231,7 +231,7 @@ def policy_gradient(cfg, model, policy, ref_model, sampled, adv, weights, n_conf
     """Backward of the step's loss over the N completions, cfg.micro_batch_size at a time (DDP syncs
     on the last); each micro-batch's loss is its share of the step's (gtpo.aggregate with step_totals),
     so the micro-batch size does not change the gradient. With --share_prompt each prompt runs once
-    for all the micro-batches (gtpo_logprobs.Prompts), its gradient carried by the last one's backward.
+    for all the micro-batches (speedups.logprobs.Prompts), its gradient carried by the last one's backward.
     Returns (<H>_i (N,), delta_i (N,) or None where the method's advantages are not shaped, {"loss": float, and
     the token means of the losses' own metrics: "kl", "clip_ratio/region_mean", "gtpo/mean_weight"})."""
     G, mask, N, objective = cfg.generation_size, sampled.completion_mask, len(sampled.texts), cfg.objective

@@ -1,6 +1,6 @@
 r"""Train with GTPO, GRPO or SFT (arXiv 2508.03772). Reads top to bottom, as the paper's loop:
 
-config (config.py) -> setup: model, data, optimizer, resume, <H>_ini (Sec. 6) -> for each step:
+config (machinery/config.py) -> setup: model, data, optimizer, resume, <H>_ini (Sec. 6) -> for each step:
     step.rl_step: rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
                   -> entropy gate (Eq. 6-7) -> loss -> backward
     -> clip -> optimizer step -> log -> checkpoint
@@ -18,19 +18,19 @@ import time
 
 import torch
 
-import heldout
-import merged_rollout
 import step
-from config import (BETAS, ConfigError, check_device, config_table, identity_keys, parse_args, record,
-                    training_records, unrecorded)
-from conflicts import ConflictLog, format_token_ids, group_rows
-from data import (DataError, epoch_steps, filter_by_prompt_length, format_prompt, load_task, longest_prompt,
-                  one_shot_example, step_records)
-from gtpo_logprobs import PolicyPass
-from models import ModelError, cuda_allocator_defaults, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
-from runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir, release_aside,
-                  resume, rng_state, save_checkpoint, save_folder, save_weights, set_aside, weights_fingerprint,
-                  write_config, write_json)
+from analysis.conflicts import ConflictLog, format_token_ids, group_rows
+from machinery import heldout
+from machinery.config import (BETAS, ConfigError, check_device, config_table, identity_keys, parse_args, record,
+                              training_records, unrecorded)
+from machinery.data import (DataError, epoch_steps, filter_by_prompt_length, format_prompt, load_task, one_shot_example,
+                            step_records)
+from machinery.models import ModelError, cuda_allocator_defaults, fp32_matmuls, heap_mmap_threshold, load_model, pick_dtype
+from machinery.runs import (Dist, MetricsLog, SaveError, StopFlag, load_start_weights, prepare_output_dir,
+                            release_aside, resume, rng_state, save_checkpoint, save_folder, save_weights, set_aside,
+                            weights_fingerprint, write_config, write_json)
+from speedups.logprobs import PolicyPass
+from speedups.memory_plan import plan_sampling
 
 BAR = {"reward": "reward", "rewards/format": "format", "rewards/accuracy": "acc", "entropy": "H", "loss": "loss"}
 
@@ -73,62 +73,6 @@ def load_records(cfg, tok, records, log):
         raise DataError(f"no training prompts left in {cfg.dataset!r} after dropping prompts longer than "
                         f"--max_prompt_length {cfg.max_prompt_length}; raise it")
     return records, example
-
-
-def on_cuda(device):
-    """Whether the run's device is a CUDA GPU: where the memory plan, and with it --rollout auto's choice, is made."""
-    return str(device).startswith("cuda")
-
-
-def plan_memory(cfg, model, prompt_tokens, device, log, world=1):
-    """On CUDA, before the first step: the sampler (with --rollout auto), checkpointing (unless given) and
-    the micro-batch (the largest that fits, unless given), decided by the estimated memory (memory.py),
-    and a line saying so -> the config with what it decided (cfg itself is left as parsed)."""
-    if not on_cuda(device):
-        return cfg
-    import memory
-    from models import checkpoint_activations
-    budget = (cfg.memory_budget_gb * 1e9 if cfg.memory_budget_gb else
-              torch.cuda.get_device_properties(device).total_memory)
-    s = memory.Settings.from_config(cfg, prompt_tokens, model.get_input_embeddings().weight.element_size(), world)
-    if cfg.micro_batch_size == 0:                       # "all at once", given
-        s = dataclasses.replace(s, micro_batch_size=s.batch_size * s.generation_size)
-    if cfg.rollout == "auto":
-        rollout, ckpt, m, est, why = memory.choose_sampler(model.config, s, budget, cfg.gradient_checkpointing)
-        cfg = dataclasses.replace(cfg, rollout=rollout)
-        log(f"sampler: {cfg.rollout} (--rollout auto: {why})")
-    else:
-        ckpt, m, est = memory.decide(model.config, s, budget, cfg.gradient_checkpointing)
-    if cfg.gradient_checkpointing is None:
-        # checkpointed layers cannot keep a KV cache: no shared prompt with them
-        cfg = dataclasses.replace(cfg, gradient_checkpointing=ckpt, share_prompt=cfg.share_prompt and not ckpt)
-        if ckpt:
-            checkpoint_activations(model.get_base_model() if hasattr(model, "get_base_model") else model)
-    if m is None:
-        raise ConfigError(f"the step does not fit {budget / 1e9:.1f} GB even one completion at a time "
-                          f"(estimate {memory.describe(est)}): lower --max_completion_length or "
-                          f"--generation_size, keep --gradient_checkpointing, or raise --memory_budget_gb")
-    cfg = dataclasses.replace(cfg, micro_batch_size=m)
-    s = dataclasses.replace(s, micro_batch_size=m, gradient_checkpointing=cfg.gradient_checkpointing,
-                            share_prompt=cfg.share_prompt, sampler="merged" if cfg.rollout == "merged" else "generate")
-    est = memory.estimate(model.config, s)
-    log(f"memory: estimated {est['card'] / 1e9:.1f} GB of a {budget / 1e9:.1f} GB budget -- micro-batches of "
-        f"{m or s.batch_size * s.generation_size} completions, checkpointing "
-        f"{'on' if cfg.gradient_checkpointing else 'off'}, longest prompt {prompt_tokens} tokens ({memory.describe(est)})")
-    return cfg
-
-
-def plan_sampling(cfg, model, tok, records, example, dist, log):
-    """On CUDA the memory plan (the sampler, checkpointing, micro-batch); with the merged sampler its decode loop
-    sized once for the run: the longest prompt, and <H>_ini's 8 rows or B x G (one compiled shape).
-    -> the config with the plan's decisions."""
-    if not (on_cuda(dist.device) or cfg.rollout == "merged"):
-        return cfg
-    longest = longest_prompt(tok, records, example)
-    cfg = plan_memory(cfg, model, longest, dist.device, log, dist.world)
-    if cfg.rollout == "merged":
-        merged_rollout.reserve(model, max(cfg.batch_size * cfg.generation_size, 8), longest, cfg.max_completion_length)
-    return cfg
 
 
 def make_optimizer(cfg, params, total_steps, log=print):
@@ -197,11 +141,33 @@ def measure_h_ini(cfg, state, model, tok, records, example, dist, log):
     return cfg
 
 
-# -----------------------------------------------------------------------------
-# 2. the loop
+@dataclasses.dataclass
+class Run:
+    """What setup gives the loop: the settings as decided, the model (it samples; `policy` is its gradient pass) and
+    pi_ref, the data, the optimizer and schedule, the checkpoint's state, and what logs."""
+    cfg: object
+    model: object
+    tok: object
+    ref_model: object
+    records: list
+    example: object
+    steps_per_epoch: int
+    total: int
+    params: list
+    optimizer: object
+    scheduler: object
+    state: dict
+    aside: object = None
+    policy: object = None
+    metrics: object = None
+    evaluate: object = None
+    conflict_log: object = None
 
-def train(cfg, dist, stop):
-    log, parsed = print if dist.main else (lambda *a, **k: None), record(cfg)
+
+def setup(cfg, dist, log):
+    """Everything before step 1, in the order it must happen: the data checked before anything loads, the run
+    folder, the model, the memory plan, the optimizer, --resume, <H>_ini (Sec. 6), config.json, the loggers."""
+    parsed = record(cfg)
     heap_mmap_threshold(cfg.heap_mmap_mb)               # before any tensor (cpu group of flags)
     records = training_records(cfg, log)                # a bad data file fails before anything loads
     cfg, held = heldout.plan(cfg, records, log)         # so do held-out problems that cannot be read
@@ -222,48 +188,65 @@ def train(cfg, dist, stop):
     if not state.get("checkpoint"):
         torch.manual_seed(cfg.seed + dist.rank)         # different samples on each rank
     cfg = measure_h_ini(cfg, state, model, tok, records, example, dist, log)
-    aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
-    policy = dist.wrap(PolicyPass(model))               # the gradient pass (DDP sees one forward); `model` samples
-    metrics = MetricsLog(cfg.output_dir, dist.main, cfg.report_to, record(cfg), state["step"])
-    evaluate = heldout.HeldOut(cfg, held, dist, metrics, log) if held else (lambda *a: None)
-    conflict_log = make_conflict_log(cfg, model, tok, state, dist)
-    bar = progress(state["step"], total, dist.main)
-    nonfinite_run = 0
-    model.train()
+    run = Run(cfg, model, tok, ref_model, records, example, steps_per_epoch, total, params, optimizer, scheduler, state)
+    run.aside = start_run_folder(cfg, total, dist, changes, state["step"], log, parsed)
+    run.policy = dist.wrap(PolicyPass(model))           # the gradient pass (DDP sees one forward); `model` samples
+    run.metrics = MetricsLog(cfg.output_dir, dist.main, cfg.report_to, record(cfg), state["step"])
+    run.evaluate = heldout.HeldOut(cfg, held, dist, run.metrics, log) if held else (lambda *a: None)
+    run.conflict_log = make_conflict_log(cfg, model, tok, state, dist)
+    return run
+
+
+# -----------------------------------------------------------------------------
+# 2. the loop
+
+def train(cfg, dist, stop):
+    """setup, then for each step: SFT or GTPO / GRPO (step.py) -> clip -> optimizer step -> log -> held-out
+    evaluation -> checkpoint. -> the exit code."""
+    log = print if dist.main else (lambda *a, **k: None)
+    run = setup(cfg, dist, log)
+    cfg, bar, nonfinite_run = run.cfg, progress(run.state["step"], run.total, dist.main), 0
+    run.model.train()
     try:
-        evaluate(model, tok, state["step"], total)      # RL's start, or a due evaluation a kill left unwritten
+        run.evaluate(run.model, run.tok, run.state["step"], run.total)   # RL's start, or one a kill left unwritten
         for k in bar:
             warmup = k < cfg.warmup_steps
             if k == cfg.warmup_steps > 0:
-                start_rl_phase(cfg, optimizer)
+                start_rl_phase(cfg, run.optimizer)
             bar.set_description("sft warm-up" if warmup else cfg.method, refresh=False)
             t0, clock = time.time(), step.Clock(dist.device)
-            n = cfg.batch_size * cfg.generation_size if warmup else cfg.batch_size   # warm-up: an RL step's sequences
-            batch, epoch = step_records(records, k, steps_per_epoch, n, dist, cfg.seed, wrap=warmup)
-            if cfg.method == "sft" or warmup:
-                m = step.sft_step(policy, tok, batch, example, cfg, dist.device, clock)
-            else:
-                m = run_rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics,
-                                conflict_log, dist)
-            m = {"step": k + 1, "epoch": epoch, **m, **{f"time/{s}": v for s, v in clock.parts.items()}}
-            finite = optimizer_step(cfg, m, params, optimizer, scheduler, dist)
+            m = one_step(run, k, warmup, clock, dist)                   # gradients in the parameters; metrics
+            finite = optimizer_step(cfg, m, run.params, run.optimizer, run.scheduler, dist)
             m["step_time"] = time.time() - t0
-            metrics.write(m, k + 1)
+            run.metrics.write(m, k + 1)
             bar.set_postfix({short: round(m[key], 3) for key, short in BAR.items() if key in m})
             nonfinite_run = check_finite(cfg, k, 0 if finite else nonfinite_run + 1)
             stopping = any(dist.gather(stop.signal is not None))
             if not stopping:                            # else --resume evaluates the step first
-                evaluate(model, tok, k + 1, total)
+                run.evaluate(run.model, run.tok, k + 1, run.total)
             warmup_end = warmup and k + 1 == cfg.sft_warmup_steps      # RL's start, for eval.py beside final/
-            if (k + 1) % cfg.save_steps == 0 or k + 1 == total or stopping or warmup_end:
-                checkpoint(cfg, k + 1, model, tok, optimizer, scheduler, state, dist, conflict_log)
-                aside = release_aside(aside, log)
+            if (k + 1) % cfg.save_steps == 0 or k + 1 == run.total or stopping or warmup_end:
+                checkpoint(cfg, k + 1, run, dist)
+                run.aside = release_aside(run.aside, log)
             if stopping:
-                return stopped(bar, k + 1, total, stop, cfg.output_dir, log)
+                return stopped(bar, k + 1, run.total, stop, cfg.output_dir, log)
     finally:
-        metrics.close()
-    save_final(cfg, model, tok, params, dist, log)
+        run.metrics.close()
+    save_final(cfg, run.model, run.tok, run.params, dist, log)
     return 0
+
+
+def one_step(run, k, warmup, clock, dist):
+    """Step k on this rank's batch (an SFT warm-up step takes an RL step's number of sequences): step.sft_step or
+    step.rl_step leave the gradients in the parameters -> the step's metrics, its stages' times among them."""
+    cfg = run.cfg
+    n = cfg.batch_size * cfg.generation_size if warmup else cfg.batch_size
+    batch, epoch = step_records(run.records, k, run.steps_per_epoch, n, dist, cfg.seed, wrap=warmup)
+    if cfg.method == "sft" or warmup:
+        m = step.sft_step(run.policy, run.tok, batch, run.example, cfg, dist.device, clock)
+    else:
+        m = run_rl_step(run, k, batch, clock, dist)
+    return {"step": k + 1, "epoch": epoch, **m, **{f"time/{s}": v for s, v in clock.parts.items()}}
 
 
 def stopped(bar, n, total, stop, out, log):
@@ -308,15 +291,16 @@ def check_finite(cfg, k, nonfinite_run):
     return nonfinite_run
 
 
-def run_rl_step(cfg, k, total, batch, example, model, policy, ref_model, tok, clock, metrics, conflict_log, dist):
+def run_rl_step(run, k, batch, clock, dist):
     """One GTPO/GRPO step on this rank's prompts (step.rl_step); every --sample_every steps the first
     group's completions go to samples.jsonl."""
-    prompts = [format_prompt(tok, r["question"], example) for r in batch]
-    m, ro, scored = step.rl_step(model, policy, tok, prompts, [r["answer"] for r in batch], cfg, ref_model, clock,
-                                 conflict_log=conflict_log, ranks=dist)
-    if cfg.sample_every and (k % cfg.sample_every == 0 or k == total - 1):
-        metrics.samples(group_rows(tok, ro, scored, range(cfg.generation_size), k + 1, batch[0]["question"],
-                                   batch[0]["answer"]))
+    cfg, tok = run.cfg, run.tok
+    prompts = [format_prompt(tok, r["question"], run.example) for r in batch]
+    m, ro, scored = step.rl_step(run.model, run.policy, tok, prompts, [r["answer"] for r in batch], cfg, run.ref_model,
+                                 clock, conflict_log=run.conflict_log, ranks=dist)
+    if cfg.sample_every and (k % cfg.sample_every == 0 or k == run.total - 1):
+        run.metrics.samples(group_rows(tok, ro, scored, range(cfg.generation_size), k + 1, batch[0]["question"],
+                                       batch[0]["answer"]))
     return m
 
 
@@ -338,7 +322,7 @@ def optimizer_step(cfg, m, params, optimizer, scheduler, dist):
 
 
 def make_conflict_log(cfg, model, tok, state, dist):
-    """GTPO or GRPO, rank 0: which tokens fall in conflict spans (conflicts.py), continued from the
+    """GTPO or GRPO, rank 0: which tokens fall in conflict spans (analysis/conflicts.py), continued from the
     checkpoint."""
     if cfg.method == "sft" or not dist.main:
         return None
@@ -348,16 +332,16 @@ def make_conflict_log(cfg, model, tok, state, dist):
     return log
 
 
-def checkpoint(cfg, n, model, tok, optimizer, scheduler, state, dist, conflict_log=None):
+def checkpoint(cfg, n, run, dist):
     """checkpoint-n with every rank's RNG (rank 0 writes; the others wait); conflicts.json beside it."""
-    rngs = dist.gather(rng_state(dist.device))
+    rngs, conflict_log = dist.gather(rng_state(dist.device)), run.conflict_log
     if dist.main:
-        save_checkpoint(os.path.join(cfg.output_dir, f"checkpoint-{n}"), model, tok, optimizer, scheduler,
-                        {"step": n, "h_ini": state.get("h_ini"), "config": record(cfg),
-                         "rng": rngs if dist.world > 1 else rngs[0], "world_size": dist.world,
-                         "conflicts": conflict_log and conflict_log.state_dict()})
+        save_checkpoint(os.path.join(cfg.output_dir, f"checkpoint-{n}"), run.model, run.tok, run.optimizer,
+                        run.scheduler, {"step": n, "h_ini": run.state.get("h_ini"), "config": record(cfg),
+                                        "rng": rngs if dist.world > 1 else rngs[0], "world_size": dist.world,
+                                        "conflicts": conflict_log and conflict_log.state_dict()})
         if conflict_log is not None:
-            write_json(os.path.join(cfg.output_dir, "conflicts.json"), conflict_log.summary(tok))
+            write_json(os.path.join(cfg.output_dir, "conflicts.json"), conflict_log.summary(run.tok))
     dist.barrier()
 
 

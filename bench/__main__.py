@@ -3,7 +3,7 @@
     python -m bench                     # all three parts on CPU (6.5 minutes on 2 cores), from the root
     python -m bench --parts step --steps 5   # the step train.py runs (step.rl_step), timed per stage
     python -m bench --device cuda       # CUDA timing (synchronised) and torch.cuda.max_memory_allocated
-    python -m bench --parts memory      # a step's GPU memory, estimated without a GPU (memory.py)
+    python -m bench --parts memory      # a step's GPU memory, estimated without a GPU (speedups/memory.py)
     python -m bench --parts gpu --device cuda     # the paper's step, samplers, a 40 GB cap, TRL, on a GPU (bench/gpu.py)
     python -m bench --parts gpu --gpu_shape smollm2-135m     # its dry run on CPU
 
@@ -12,7 +12,7 @@
               (G=12, L=1500, V=128256) and the demo's (G=8, L=256, V=49152): time and peak extra memory.
 2. loss       peak extra memory of log-probs + entropy + GTPO loss + backward through the LM head for
               N=12, L=1024 completion tokens and SmolLM2's head (V=49152, D=576), chunked
-              (gtpo_logprobs.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
+              (speedups.logprobs.ChunkedLogprobs) vs full (N, L, V) logits. The decoder's hidden states are the
               input, so the measurement isolates what chunking changes.
 3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
               min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
@@ -51,14 +51,14 @@ from bench.cpu import STEP_METHODS, report_paper_step, report_step
 from bench.heldout import report_heldout
 from bench.probes import CHILD_FLAGS, PROBES, report_conflict, report_loss, report_trl
 from bench.reward import report_reward
-from models import cuda_allocator_defaults, heap_mmap_threshold
+from machinery.models import cuda_allocator_defaults, heap_mmap_threshold
 
 
 def report_memory(args, res):
-    """Part 7: the step's estimated peak GPU memory (memory.py) for the paper's models, or --model,
+    """Part 7: the step's estimated peak GPU memory (speedups/memory.py) for the paper's models, or --model,
     by micro-batch and checkpointing, and what the defaults choose under --memory_budget_gb; beside
     it, the estimate against tensor memory measured on CPU for three small shapes."""
-    import memory
+    from speedups import memory
     names = ["llama-8b", "qwen2.5-3b"] if args.model == "smollm2-135m" else [args.model]
     res["memory"] = {}
     for name in names:

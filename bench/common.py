@@ -58,7 +58,7 @@ def matmul_peak(device, n=2048, repeats=5):
 def bench_prompt(tok, prompt_tokens):
     """The demo's one-shot prompt; with prompt_tokens, its question lengthened to about that many
     tokens (cost depends on shapes, not on words)."""
-    from data import arithmetic_task, format_prompt, one_shot_example
+    from machinery.data import arithmetic_task, format_prompt, one_shot_example
     recs = arithmetic_task("train")
     q = recs[1]["question"]
     make = lambda q: format_prompt(tok, q, one_shot_example(recs[0]))          # noqa: E731

@@ -10,7 +10,7 @@ import torch
 
 import gtpo
 from bench.common import MB, bench_prompt, matmul_peak, memory_bandwidth, spread_rewards
-from models import load_model, pick_dtype
+from machinery.models import load_model, pick_dtype
 
 
 def floor_step(model, tok, prompt, new_tokens, G, device, clock):
@@ -53,7 +53,7 @@ def decode_products_time(model, rows, repeats=5):
     cpu_decoder.Decoder (q/k/v, o, gate/up, down per layer, then the LM head) over `rows` rows of
     random input, no other op. What the few-row kernels in reach allow the sampler, whatever its
     other work; None for a model cpu_decoder does not describe."""
-    import cpu_decoder
+    from speedups import cpu_decoder
     if not cpu_decoder.supports(model):
         return None
     dec = cpu_decoder.Decoder(model)
@@ -74,7 +74,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
     micro_batch_size completions per forward/backward (0: all in one pass)."""
     import step as steps
     import train
-    from config import parse_args
+    from machinery.config import parse_args
     flags = {"gtpo": [], "gtpo logged": [],                                  # logged: with a conflicts.ConflictLog
              "gtpo generate": ["--rollout", "generate"], "gtpo shared": ["--rollout", "shared"],
              "gtpo plain": ["--rollout", "generate", "--no-share_prompt"],
@@ -92,7 +92,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
     opt, _ = train.make_optimizer(a, params, 1000, log=lambda *x: None)
     prompt, answer = bench_prompt(tok, prompt_tokens)
     P = len(tok(prompt, add_special_tokens=False)["input_ids"])
-    from conflicts import ConflictLog, format_token_ids
+    from analysis.conflicts import ConflictLog, format_token_ids
     logs = {"gtpo logged": ConflictLog(model.get_input_embeddings().num_embeddings, format_token_ids(tok))}
     times, peaks, cuda = {name: [] for name in names}, {name: 0 for name in names}, args.device.startswith("cuda")
     for r in range(rounds + 1):                                              # round 0 is the warm-up

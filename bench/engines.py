@@ -40,7 +40,7 @@ def worker(engine, model_dir, device, tokens):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
     from gtpo_trl import GTPOConfig, GTPOTrainer
-    from models import load_tokenizer
+    from machinery.models import load_tokenizer
     cuda = device == "cuda"
     ends = []
 
@@ -69,13 +69,13 @@ def worker(engine, model_dir, device, tokens):
 def entropy_pass_peaks(tokens=96):
     """The live-tensor peak (bytes, the profiler's memory timeline) of <H>_i's no-grad pass on the TRL example's
     shape (the embedded model, fp32, 8 completions of `tokens` after its one-shot prompt), two ways: the loop's
-    chunked pass with each prompt once (gtpo_logprobs.sequence_logprobs) and TRL's own forward in chunks of 8 rows
+    chunked pass with each prompt once (speedups.logprobs.sequence_logprobs) and TRL's own forward in chunks of 8 rows
     (what GTPOTrainer runs). -> {way: bytes}."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfileTimeline
     import gtpo_trl
-    from gtpo_logprobs import sequence_logprobs
+    from speedups.logprobs import sequence_logprobs
     trainer = gtpo_trl.example_trainer(max_steps=1, max_completion_length=tokens, disable_tqdm=True)
     enc = trainer.processing_class([trainer.train_dataset[0]["prompt"]], return_tensors="pt")
     g = torch.Generator().manual_seed(0)

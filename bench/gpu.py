@@ -46,10 +46,10 @@ import time
 
 import torch
 
-import memory
-import merged_rollout
 import step as steps
-from models import autocast
+from machinery.models import autocast
+from speedups import memory
+from speedups import merged_rollout
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
@@ -103,7 +103,7 @@ def random_model_dir(shape, device):
     """A folder with random bf16 weights of `shape` (an alias of memory.SHAPES, or "tiny") and the
     embedded tokenizer, so the model loads through models.load_model as train.py loads one."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    from models import embedded_model_dir, load_tokenizer
+    from machinery.models import embedded_model_dir, load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     kw = dict(memory.SHAPES[shape]) if shape in memory.SHAPES else dict(TINY, vocab_size=len(tok))
     config = AutoConfig.for_model(kw.pop("model_type"), **kw, bos_token_id=tok.bos_token_id,
@@ -123,8 +123,8 @@ def random_model_dir(shape, device):
 def setup(args, folder, extra=()):
     """(cfg, model, tok, optimizer, params) as train.py builds them for the bench's step."""
     import train
-    from config import parse_args
-    from models import load_model, pick_dtype
+    from machinery.config import parse_args
+    from machinery.models import load_model, pick_dtype
     G = "12" if args.device.startswith("cuda") else "4"                     # the paper's G; a CPU dry run's
     cfg = parse_args(["--model", folder, "--dataset", "gsm8k", "--generation_size", G, "--device", args.device,
                       "--max_completion_length", str(args.gpu_step_tokens),
@@ -285,7 +285,7 @@ def determinism(args, cfg, model, tok, optimizer, params, prompt, answer, res):
     differs at and its largest relative difference, and whether the weights do. Where some differ, the
     pair again under torch.use_deterministic_algorithms (strict: operations with a deterministic
     algorithm use it, e.g. cuDNN attention's backward, and one that has none stops the pair, named)."""
-    from runs import weights_fingerprint
+    from machinery.runs import weights_fingerprint
     start = {id(p): p.detach().clone() for p in params}
     opt_state = copy.deepcopy(optimizer.state_dict())
 
@@ -445,7 +445,7 @@ def run(args, res):
     if args.gpu_shape in memory.SHAPES or args.gpu_shape == "tiny":
         folder = random_model_dir(args.gpu_shape, args.device)
     else:                                               # a real model: alias or folder (models.resolve)
-        from models import resolve
+        from machinery.models import resolve
         folder = resolve(args.gpu_shape)[0]
     if "cap40" in parts:                                # first: before this process holds any GPU memory
         cap40(args, folder, gpu)

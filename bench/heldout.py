@@ -1,4 +1,4 @@
-"""Part 9 (--parts heldout): what the in-run held-out evaluation (train.py --eval_steps, heldout.py) adds to a run.
+"""Part 9 (--parts heldout): what the in-run held-out evaluation (train.py --eval_steps, machinery/heldout.py) adds to a run.
 
 Each profile runs train.py in a fresh process on the embedded model with its evaluations on, and reads from the
 run's own metrics.jsonl the seconds of every step and of every evaluation (eval/seconds): one run, both costs.

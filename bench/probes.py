@@ -124,7 +124,7 @@ def probe_conflict(cfg, device):
 # 2. loss memory
 
 def probe_loss(cfg, device):
-    from gtpo_logprobs import ChunkedLogprobs
+    from speedups.logprobs import ChunkedLogprobs
     N, L, V, D, chunk = cfg["N"], cfg["L"], cfg["V"], cfg["D"], cfg["logprob_chunk"]
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(V, D, generator=g) * 0.05).to(device)            # frozen LM head (LoRA)
@@ -173,7 +173,7 @@ def probe_trl(cfg, device):
     optimizer steps, and for GTPO the seconds in what it adds (the <H>_i pass, the per-token
     advantages). Every completion is forced to full length, so both methods do the same work.
     cfg["num_iterations"]: TRL's, each generation trained that many optimizer steps."""
-    import gtpo_trl
+    from gtpo_trl import example_trainer, trainer
     from transformers import TrainerCallback
     added = {"entropy_pass": [], "advantages": []}
 
@@ -184,16 +184,16 @@ def probe_trl(cfg, device):
             added[key].append(time.perf_counter() - t0)
             return out
         return wrapper
-    gtpo_trl.GTPOTrainer._mean_entropy = timed(gtpo_trl.GTPOTrainer._mean_entropy, "entropy_pass")
-    gtpo_trl.per_token_advantages = timed(gtpo_trl.per_token_advantages, "advantages")
+    trainer.GTPOTrainer._mean_entropy = timed(trainer.GTPOTrainer._mean_entropy, "entropy_pass")
+    trainer.per_token_advantages = timed(trainer.per_token_advantages, "advantages")
     ends = []
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, *a, **kw):
             ends.append(time.perf_counter())
-    t = gtpo_trl.example_trainer(cfg["method"], cfg["steps"], cfg["out"], disable_tqdm=True,
-                                 generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"],
-                                 num_iterations=cfg.get("num_iterations", 1))
+    t = example_trainer(cfg["method"], cfg["steps"], cfg["out"], disable_tqdm=True,
+                        generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"],
+                        num_iterations=cfg.get("num_iterations", 1))
     t.add_callback(StepEnds())
     t.train()
     return {"step_s": [b - a for a, b in zip(ends, ends[1:])], **{k: v[1:] for k, v in added.items()}}
@@ -208,9 +208,9 @@ def probe_ours(cfg, device):
     import step
     import train
     from bench.common import spread_rewards
-    from config import parse_args
-    from data import format_prompt, load_task, one_shot_example
-    from models import load_model
+    from machinery.config import parse_args
+    from machinery.data import format_prompt, load_task, one_shot_example
+    from machinery.models import load_model
     a = parse_args(["--batch_size", "1", "--generation_size", "8", "--max_completion_length", str(cfg["tokens"]),
                     "--entropy_filter", "all", "--device", "cpu"])        # probe_trl's work, whatever the profile
     a = dataclasses.replace(a, min_new_tokens=cfg["tokens"])

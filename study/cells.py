@@ -4,7 +4,7 @@ evaluations, its host), and the table itself for a part's arms. study/report.py 
 import os
 import statistics
 
-import runs
+from machinery import runs
 from study import plan
 from study.plan import COLLAPSE_WINDOW, arm, collapse_step, load, trailing
 from study.verdicts import pass1
@@ -96,6 +96,16 @@ def q7_cells(d):
         f"{'–' if kl200 is None else f'{kl200:.3f}'} | {'; '.join(host)} |")
 
 
+def q11_cells(d):
+    """A Q11 run's cells: collapse step, <H>_ini and the filter as applied, the curves, the `rung` pass@1 and
+    formatting share."""
+    step = collapse_step(d["rl"], d.get("diverged.json"))
+    rung = d["evals"].get("rung")
+    filt = d["config.json"].get("entropy_filter_applied", "–")
+    return (f"{step or 'none'} | {h_ini_of(d)}, {filt} | {curve_cells(d).rsplit('|', 2)[0]}| "
+            + (f"{rung['pass@k']['1']:.3f} | {100 * rung['format_rate']:.0f} |" if rung else "– | – |"))
+
+
 CELLS = {  # a per-seed table's header and cells function, by plan.Part.cells
     "q6_cells": (["| seed | method | collapse step | zero-gradient steps | filtered % | entropy (trailing 10): first → "
                   "max → last | format % (trailing 10): first → min → last | accuracy % (last 10) | KL to the warm-up, "
@@ -103,4 +113,7 @@ CELLS = {  # a per-seed table's header and cells function, by plan.Part.cells
     "q7_cells": (["| seed | method | ID pass@1 final | ID format % | ID length | ID pass@1 best (step) | OOD pass@1 | "
                   "train format % (first 10 → last 10) | train accuracy % (first 10 → last 10) | entropy (trailing 10): "
                   "first → min → last | steps with no reward spread | zero-gradient steps | filtered % | KL to the "
-                  "warm-up, step 200 | host |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"], q7_cells)}
+                  "warm-up, step 200 | host |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"], q7_cells),
+    "q11_cells": (["| seed | method | collapse step | ⟨H⟩_ini, filter | entropy (trailing 10): first → max → last | "
+                   "format % (trailing 10): first → min → last | accuracy % (last 10) | pass@1 on the rung's task | "
+                   "formatted % |", "|---|---|---|---|---|---|---|---|---|"], q11_cells)}

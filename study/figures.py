@@ -8,6 +8,7 @@ import statistics
 from study.plan import COLLAPSE_WINDOW, EVALS, LADDER, METHODS, N_SAMPLES, PILOT_SEED, TEST_SEEDS, arm, collapse_step, \
     load, trailing
 from study.q10 import plot_q10                  # noqa: F401 -- drawn by name (Part.figures), beside its rule
+from study.q11 import plot_q11                  # noqa: F401 -- drawn by name (Part.figures), beside its rule
 from study.verdicts import pass1
 
 STYLE = {"gtpo-a6": ("tab:blue", "-"), "gtpo-a9": ("tab:blue", "--"), "grpo-a6": ("tab:orange", "-"),

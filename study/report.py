@@ -3,7 +3,7 @@ study/plan.py and the committed files in study/runs/ alone (docs/study.md declar
 
     python -m study.report                # = python -m study.run --report
 
-One concern, the layout of the results: the answers table (a row per plan.ANSWERS entry) opens summary.md; a
+One concern, the layout of the results: the answers table (a row per study.answers.ANSWERS entry) opens summary.md; a
 test (plan.Test) gives paired units, a p and a verdict (study/verdicts.py); the questions table gathers the
 parts' questions; each part with a section adds it (its own table where its cells are its own); the cost line
 sums each part's attempts.
@@ -12,11 +12,13 @@ import dataclasses
 import os
 import statistics
 
-import runs
-from study.plan import (ANSWERS, COLLAPSE_WINDOW, KEEP, LADDER, METHODS, PARTS, PILOT_SEED, Q9_ARMS, STUDY, TEST_SEEDS,
-                        arm, collapse_step, load, part, part_jobs)
+from machinery import runs
+from study.answers import ANSWERS
 from study.cells import curve_cells, fingerprint, h_ini_of, kl_cell, seed_table
+from study.plan import (COLLAPSE_WINDOW, KEEP, LADDER, METHODS, PARTS, PILOT_SEED, Q9_ARMS, STUDY, TEST_SEEDS, arm,
+                        collapse_step, load, part, part_jobs)
 from study.q10 import q10_lines, q10_outcome    # noqa: F401 -- found by name (Part.section, Answer.outcome)
+from study.q11 import q11_lines, q11_outcome    # noqa: F401 -- found by name (Part.section, Answer.outcome)
 from study.verdicts import pass1, runs_of, sentence, sign_flip_p, solvable, test_row, test_rows, train_accuracy
 
 def question_rows():
@@ -248,7 +250,7 @@ def test_curve_lines():
 # the answers: docs/results.md's opening table, a row per question
 
 def answer_lines():
-    """A row per plan.ANSWERS entry: the claim and setting as declared, the verdict (its test's sentence without
+    """A row per study.answers.ANSWERS entry: the claim and setting as declared, the verdict (its test's sentence without
     the test's name, with its p; or the part's section rule) and what a user sees (answer.outcome)."""
     lines = ["| Q | the paper's claim | setting | verdict | what a user sees |", "|---|---|---|---|---|"]
     for a in ANSWERS:

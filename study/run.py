@@ -36,8 +36,8 @@ import time
 
 import torch
 
-import runs
-from data import read_jsonl
+from machinery import runs
+from machinery.data import read_jsonl
 from study.plan import (BEST_WINDOW, EVAL_COMMON, EVALS, KEEP, KL_PROBE, PARTS, STUDY, arm, collapse_step,
                         earlier_rungs_pending, jobs, load, part, part_jobs, pilot_skipped)
 
@@ -208,7 +208,7 @@ def train(run_id, flags, seed, start, shard, threads):
 
 def first_difference(committed, trained):
     """The first step whose row in `trained` differs from `committed` in a value the committed row logs,
-    timings and held-out evaluations (heldout.py's rows) aside; None when none does. A metric the committed run
+    timings and held-out evaluations (machinery/heldout.py's rows) aside; None when none does. A metric the committed run
     did not log yet is not compared; a missing row is a difference. `lr` is not compared: config.json fixes the schedule,
     and rows logged before train.py logged each step's own rate hold the next step's."""
     old = [r for _, r in read_jsonl(committed) if r.get("phase") != "eval"]      # held-out rows: not training's

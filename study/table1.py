@@ -18,8 +18,8 @@ import os
 import sys
 
 import eval as evaluate
-import runs
-from data import DataError
+from machinery import runs
+from machinery.data import DataError
 
 SETS = ("aime24", "aime25", "amc23")
 PASS_K, MAJ_K = (1, 8, 16, 32, 64), (4, 8, 16, 32, 64)          # the paper's columns (Table 1)

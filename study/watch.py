@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-import runs
+from machinery import runs
 from study.plan import EVAL_COMMON, EVALS, arm, load
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository root

@@ -28,7 +28,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "TOKENIZ
 def pytest_collection_modifyitems(config, items):
     if DATA_DIR and os.path.isdir(DATA_DIR):
         return
-    fix = "a folder of <dataset>/<split>.jsonl, which `python data.py --export DIR` writes where the Hub is reachable"
+    fix = "a folder of <dataset>/<split>.jsonl, which `python -m machinery.data --export DIR` writes where the Hub is reachable"
     why = (f"GTPO_DATA_DIR={DATA_DIR!r} is not a folder; point it at {fix}" if DATA_DIR else
            f"needs the real datasets: set GTPO_DATA_DIR to {fix}")
     skip = pytest.mark.skip(reason=why)
@@ -63,7 +63,7 @@ def tiny_model_dir(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from models import embedded_model_dir, load_tokenizer
+    from machinery.models import embedded_model_dir, load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

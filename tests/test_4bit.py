@@ -11,9 +11,9 @@ import rewards
 import step
 import train
 from conftest import DATA_DIR
-from models import embedded_model_dir, load_model, load_tokenizer
-from gtpo_logprobs import sequence_logprobs
+from machinery.models import embedded_model_dir, load_model, load_tokenizer
 from rollout import rollout
+from speedups.logprobs import sequence_logprobs
 
 pytestmark = pytest.mark.slow                         # subprocess runs: the slow tier
 

@@ -10,7 +10,7 @@ import eval as evaluate
 import rewards
 import step
 import train
-from data import DataError, load_task
+from machinery.data import DataError, load_task
 
 
 def fake_run(out):
@@ -143,7 +143,7 @@ def test_cuda_asked_without_cuda_and_an_unwritable_folder_are_refused_before_loa
 
 
 def test_a_flag_the_method_never_reads_is_said_once(capsys):
-    import config
+    from machinery import config
     config.parse_args(["--use_grpo", "--entropy_term", "eq7"])
     config.parse_args(["--use_sft", "--loss_type", "dapo"])
     config.parse_args(["--use_grpo", "--entropy_filter", "all", "--entropy_term", "eq7"])   # App. 14: read

@@ -112,7 +112,7 @@ def test_step_flops_count_every_linear_and_the_head_on_completion_tokens(tiny_lm
 def test_decode_products_time_runs_every_packed_product_once_per_pass(tiny_lm, monkeypatch):
     """bench's matmul-only decode rate times the decoder's own products: per pass, q/k/v, o, gate/up and down of
     every layer and the LM head, each over `rows` rows, and no other op of the decoder."""
-    import cpu_decoder
+    from speedups import cpu_decoder
     from bench.cpu import decode_products_time
     model = tiny_lm(lora=True)
     calls, real = [], cpu_decoder.linear

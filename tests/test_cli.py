@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-import config
 import eval as ev
 import train
-from config import parse_args
 from conftest import ENV, HERE
-from runs import ConfigError
+from machinery import config
+from machinery.config import parse_args
+from machinery.runs import ConfigError
 
 
 def test_flags_take_hyphens_or_underscores_in_train_and_eval():

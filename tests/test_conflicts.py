@@ -1,4 +1,4 @@
-"""conflicts.py: the logged conflict-token counts and the Fig. 9 rendering agree with
+"""analysis/conflicts.py: the logged conflict-token counts and the Fig. 9 rendering agree with
 gtpo.conflict_weights; a run's counts add up to its logged n_conflict and survive --resume."""
 import json
 import os
@@ -7,13 +7,13 @@ import shutil
 import pytest
 import torch
 
-import rewards
 import gtpo
+import rewards
 import step
 import train
-from conflicts import CATEGORIES, ConflictLog, format_token_ids, group_rows, pick_group, render_html, render_png
-from data import tagged_solution
-from models import embedded_model_dir, load_tokenizer
+from analysis.conflicts import CATEGORIES, ConflictLog, format_token_ids, group_rows, pick_group, render_html, render_png
+from machinery.data import tagged_solution
+from machinery.models import embedded_model_dir, load_tokenizer
 from rollout import Rollout
 
 # App. 10 / Fig. 9: "What is 2 + 2?", two correct and two wrong completions in the tag format
@@ -107,7 +107,7 @@ def test_run_counts_add_up_and_survive_resume(tmp_path, tiny_args, monkeypatch):
 def test_every_lambda_gets_its_shade_whatever_the_objective():
     """The drawing colours a token by how its lambda compares with 1 and 2, so a conflict weight other than
     Eq. 5's 0 and 2 (or the product's 4) is drawn too."""
-    from conflicts import SHADES, color
+    from analysis.conflicts import SHADES, color
     protected, amplified, more = (c for _, c in SHADES)
     assert color(1.0) is None and color(None) is None
     assert color(0.0) == color(0.5) == protected and color(1.5) == color(2.0) == amplified
@@ -118,7 +118,7 @@ def test_a_render_says_when_the_positives_are_right_for_their_format_alone(fig9,
     """The drawing of a group marks each completion correct or not and says how many of the completions with
     A > 0 are correct; when none is, it says their advantage comes from the format alone."""
     import html
-    from conflicts import positives_note
+    from analysis.conflicts import positives_note
     tok, ro, scored = fig9
     pos = scored["advantages"] > 0
     for correct, words in ((torch.zeros(len(pos)), "none of the"), (pos.float(), f"{int(pos.sum())} of the")):

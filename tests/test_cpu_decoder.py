@@ -1,15 +1,15 @@
-"""cpu_decoder.py: the packed decode step computes what the model's own forward computes (LoRA active,
+"""speedups/cpu_decoder.py: the packed decode step computes what the model's own forward computes (LoRA active,
 left padding, q/k/v biases, blocked and unblocked weights), packs the adapters as they are at each
 rollout without touching the model, and the CPU sampling path that uses it draws what `generate` draws."""
 import pytest
 import torch
 
-import cpu_decoder
 from conftest import assert_draws_match
-from cpu_rollout import prefill_shared
-from gtpo_logprobs import positions
-from models import load_tokenizer
+from machinery.models import load_tokenizer
 from rollout import eos_ids, rollout
+from speedups import cpu_decoder
+from speedups.cpu_rollout import prefill_shared
+from speedups.logprobs import positions
 
 
 def _qwen2(tiny_model_dir):
@@ -116,7 +116,7 @@ def test_sampling_draws_from_the_distribution_generate_draws_from(small_vocab_lm
     over 2,000 rows the first token's frequencies match the exact nucleus probabilities and `generate`'s
     within 5 binomial standard errors, and the mean per-token log-prob of 6 drawn tokens under the model
     matches generate's draws within 5 standard errors."""
-    import cpu_rollout
+    from speedups import cpu_rollout
     model = small_vocab_lm
     ids, eos, pad, n = torch.tensor([[5, 17]]), [2], 0, 2000
     attn = torch.ones_like(ids)

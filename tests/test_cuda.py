@@ -10,10 +10,10 @@ import torch
 import rewards
 import step
 import train
-from config import Config
-from gtpo import Objective
 from conftest import grads
-from models import load_tokenizer
+from gtpo import Objective
+from machinery.config import Config
+from machinery.models import load_tokenizer
 from rollout import rollout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -58,7 +58,7 @@ def test_rl_step_gradients_on_cuda_equal_cpu(tiny_model_dir, tiny_lm, monkeypatc
 def nf4_dir(tmp_path_factory):
     """A 2-layer random Llama wide enough for NF4's 64-value blocks, with the embedded tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from models import embedded_model_dir
+    from machinery.models import embedded_model_dir
     tok = load_tokenizer(embedded_model_dir())
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -73,7 +73,7 @@ def nf4_dir(tmp_path_factory):
 @pytest.mark.parametrize("rollout_path", ["auto", "merged"])
 def test_two_steps_with_the_paper_recipe_on_cuda(tmp_path, nf4_dir, monkeypatch, rollout_path):
     """train.py on CUDA with its CUDA defaults -- 4-bit NF4, bf16 autocast, paged 8-bit AdamW,
-    checkpointing, the micro-batch fitted by memory.py -- sampling through `generate` or the
+    checkpointing, the micro-batch fitted by speedups/memory.py -- sampling through `generate` or the
     merged copy."""
     import json
     def fake_score(texts, answers, task, counts=None):

@@ -1,12 +1,12 @@
-"""Tests for data.py: upstream formats, the built-in task, and the error messages."""
+"""Tests for machinery/data.py: upstream formats, the built-in task, and the error messages."""
 import json
 import os
 import re
 
 import pytest
 
-from data import (SYSTEM_PROMPT, DataError, arithmetic_task, build_messages, last_boxed, load_task,
-                  split_gsm8k, tagged_solution, to_record)
+from machinery.data import (SYSTEM_PROMPT, DataError, arithmetic_task, build_messages, last_boxed, load_task,
+                            split_gsm8k, tagged_solution, to_record)
 from rewards import score
 
 DATA = os.environ.get("GTPO_DATA_DIR")
@@ -117,8 +117,8 @@ def test_real_datasets_load_with_expected_sizes():
 def test_prompt_lengths_are_each_prompt_tokenized_alone_and_the_filter_keeps_those_that_fit():
     """The batched count equals tokenizing each format_prompt on its own (GSM8K's first 300 train
     questions after the one-shot example), and --max_prompt_length keeps exactly the prompts at or under it."""
-    from data import filter_by_prompt_length, format_prompt, longest_prompt, one_shot_example, prompt_lengths
-    from models import embedded_model_dir, load_tokenizer
+    from machinery.data import filter_by_prompt_length, format_prompt, longest_prompt, one_shot_example, prompt_lengths
+    from machinery.models import embedded_model_dir, load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     records = load_task("gsm8k", "train")[:301]
     example, records = one_shot_example(records[0]), records[1:]
@@ -144,9 +144,9 @@ def test_reworded_arithmetic_split_keeps_numbers_changes_sentences():
 
 @pytest.mark.needs_data
 def test_export_writes_the_folder_load_task_reads(tmp_path, monkeypatch):
-    """data.py --export with the Hub loader stubbed by the offline files: every file comes back with
+    """machinery/data.py --export with the Hub loader stubbed by the offline files: every file comes back with
     the same rows, and load_task reads the new folder as it reads the original."""
-    import data
+    from machinery import data
     src = os.environ["GTPO_DATA_DIR"]
     monkeypatch.setattr(data, "hub_unreachable", lambda: None)
     monkeypatch.setattr(data, "_from_hub", lambda name, split: data.read_jsonl(os.path.join(src, name, f"{split}.jsonl")))
@@ -159,7 +159,7 @@ def test_export_writes_the_folder_load_task_reads(tmp_path, monkeypatch):
 
 
 def test_export_without_the_hub_says_what_to_do(tmp_path, monkeypatch, capsys):
-    import data
+    from machinery import data
     monkeypatch.setattr(data, "hub_unreachable", lambda: "huggingface.co:https unreachable: timed out")
     assert data.main(["--export", str(tmp_path), "--datasets", "gsm8k"]) == 2
     assert "machine that reaches it" in capsys.readouterr().out and not os.listdir(tmp_path)

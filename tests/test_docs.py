@@ -37,7 +37,7 @@ def test_part5_replicate_commands_give_the_committed_configs():
     """docs/results.md's Part 5 commands, parsed as train.py parses them, set every setting the committed
     config.json records (the folder's run), except settings those runs predate (absent there) and init_from's
     absolute path."""
-    import config
+    from machinery import config
     with open(os.path.join(HERE, "docs", "results.md")) as f:
         text = f.read()
     cmds = bash_commands(text[text.index("GRPO seed 28's commands"):], "train.py")
@@ -88,14 +88,14 @@ def test_the_quick_start_runs_as_written_in_order(tmp_path):
     assert (tmp_path / "runs" / "plots" / "passk.png").is_file() and (tmp_path / "runs" / "try" / "final").is_dir()
 
 
-def test_readme_results_paragraph_is_the_studys_committed_verdicts():
-    """README "Results at CPU scale" quotes Q6-Q8's tests as study.verdicts computes them from study/runs/."""
+def test_results_what_to_run_is_the_studys_committed_verdicts():
+    """docs/results.md's "What to run" quotes Q6-Q8's tests as study.verdicts computes them from study/runs/."""
     from study import plan, verdicts
 
     def row(key, claim):
         p = plan.part(key)
         return next(r for t, r in zip(p.tests, verdicts.test_rows(p, p.tests)) if t.claim == claim)
-    text = page("README.md")
+    text = page("docs/results.md")
     q7, q8_eq7, q8_grpo = row("q7", "GTPO above GRPO"), row("q8", "released − Eq. 7"), row("q8", "released − GRPO")
     q6 = row("q6", "GRPO collapses more often than GTPO with Eq. 7")
     assert f"({q7['mean']:+.3f}, p = {q7['p']:.3f})".replace("-", "−") in text
@@ -104,11 +104,11 @@ def test_readme_results_paragraph_is_the_studys_committed_verdicts():
     assert f"collapsed in {q6['counts'][1]} of 8 seeds (GRPO {q6['counts'][0]}, p = {q6['p']:.3f})" in text
 
 
-def test_readme_q9_sentence_is_the_studys():
-    """README's Q9 sentence: the warm-ups' and arms' mean ID (OOD) pass@1 as study.report computes them."""
-    from study import plan, report
-    a = next(x for x in plan.ANSWERS if x.q == "Q9")
-    outcome, text = report.gain_outcome(a), page("README.md")
+def test_results_q9_sentence_is_the_studys():
+    """docs/results.md's Q9 sentence: the warm-ups' and arms' mean ID (OOD) pass@1 as study.report computes them."""
+    from study import answers, plan, report
+    a = next(x for x in answers.ANSWERS if x.q == "Q9")
+    outcome, text = report.gain_outcome(a), page("docs/results.md")
     warm = outcome.split("warm-up ")[1].split(" →")[0]                              # "0.227 (0.137)"
     assert f"ID (OOD) pass@1 {warm} after the 32-step SFT" in text
     for label, words in (("GTPO, released term", "with the released term"), ("GRPO β=0", "with GRPO"),
@@ -147,7 +147,7 @@ def test_every_flag_and_function_the_pages_name_exists():
     in backticks is an attribute of that module of ours, and each test_* named is a test that exists."""
     import glob
     import re
-    import config
+    from machinery import config
     sources = [p for p in glob.glob(os.path.join(HERE, "**", "*.py"), recursive=True) if "/runs/" not in p]
     declared = {name for name, _, _ in config.settings()} | OTHER_TOOLS
     code = {p: open(p).read() for p in sources}

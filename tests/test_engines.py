@@ -52,7 +52,7 @@ def worker(engine, model_dir, out):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
     from gtpo_trl import GTPOConfig, GTPOTrainer
-    from models import load_tokenizer
+    from machinery.models import load_tokenizer
 
     def record():
         """This step's whole LoRA gradients, before the optimizer moves the weights, to grads-<step>.pt."""

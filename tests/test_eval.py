@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import eval as ev
-from data import DataError
+from machinery.data import DataError
 
 DATA_DIR = os.environ.get("GTPO_DATA_DIR")
 
@@ -249,7 +249,7 @@ def test_resume_keeps_every_finished_sample(tmp_path, tiny_model_dir, monkeypatc
     loaded) and gives the same results; one that lost its last call's problem keeps every earlier problem (marked)
     and samples that one again; one stopped inside a call keeps the calls before it, the call's finished problem
     drawn again with the call's others (so every later call batches what an uninterrupted run would)."""
-    import models
+    from machinery import models
     out = tmp_path / "ev"
     argv = ["--model", tiny_model_dir, "--limit", "3", "--n_samples", "2", "--batch_size", "4", "--one_shot_from",
             "none", "--max_completion_length", "4", "--output_dir", str(out)]       # 2 problems a call: [0, 1], [2]
@@ -309,7 +309,7 @@ def test_passk_plot_labels_different_problem_sets_and_repeats():
     """--plot over evaluations of one set: its name, problem count and n in the title, one label per model; over
     different sets or problem counts: each label names its set and the title says to compare within a set; a label
     that would repeat is numbered."""
-    import plots
+    from analysis import plots
     r = {"dataset": "gsm8k", "n_problems": 50, "n_samples": 8, "pass@k": {"1": 0.2, "8": 0.5}, "maj@k": {"1": 0.2, "8": 0.3}}
     same = [("untrained m", r), ("run, final", dict(r))]
     assert plots.passk_labels(same) == ("gsm8k, 50 problems, n = 8 samples a problem", ["untrained m", "run, final"])
@@ -333,7 +333,7 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_mod
     """eval.py --drift: KL(pi_c || start) per scheduled checkpoint (not one a stop signal saved);
     exactly 0 at step 0 and for a checkpoint equal to the start, positive for one that moved;
     written to results.json by the command."""
-    import runs
+    from machinery import runs
     start = tiny_lm(lora=True)
     start.save_pretrained(tmp_path / "start")
     start.save_pretrained(tmp_path / "run" / "checkpoint-2")
@@ -363,7 +363,7 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_adapter(tiny_lm, tiny_mod
 def test_training_curves_mark_whole_steps(tmp_path, monkeypatch):
     """A short run's curves (3 RL steps) are ticked at whole steps, not at 1.5 or 2.5."""
     import matplotlib.pyplot as plt
-    import plots
+    from analysis import plots
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
     path = tmp_path / "metrics.jsonl"

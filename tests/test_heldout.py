@@ -1,4 +1,4 @@
-"""heldout.py: the in-run held-out evaluation -- eval.py's rows and samples on the same checkpoint, the training it
+"""machinery/heldout.py: the in-run held-out evaluation -- eval.py's rows and samples on the same checkpoint, the training it
 leaves alone, problems it never trains on, best.json and best/, resume, two ranks, the loggers, the curves."""
 import json
 import os
@@ -74,9 +74,9 @@ def test_held_out_problems_are_never_training_problems(tmp_path, tiny_args, trai
     """Every built-in dataset's held-out split the run would read shares no question with its training split (the
     real datasets where GTPO_DATA_DIR has them); a planted overlap is refused before any model loads, naming the
     fix; a .jsonl training file without --eval_dataset is not evaluated unless asked, and then refused."""
-    import heldout
-    from config import parse_args
-    from data import DataError, load_task
+    from machinery import heldout
+    from machinery.config import parse_args
+    from machinery.data import DataError, load_task
     data_dir = os.environ.get("GTPO_DATA_DIR")
     for dataset in ["arithmetic", "arithmetic-hard"] + [d for d in ("gsm8k", "math") if data_dir and
                                                        os.path.isfile(os.path.join(data_dir, d, "test.jsonl"))]:
@@ -108,8 +108,8 @@ def test_held_out_problems_are_never_training_problems(tmp_path, tiny_args, trai
 
 
 def test_due_steps_are_rl_start_every_n_and_the_last():
-    import heldout
-    from config import parse_args
+    from machinery import heldout
+    from machinery.config import parse_args
     cfg = parse_args(["--sft_warmup_steps", "3", "--max_steps", "11", "--eval_steps", "4"])
     assert [k for k in range(12) if heldout.due(cfg, k, 11)] == [3, 4, 8, 11]
     cfg = parse_args(["--model", "x", "--max_steps", "5", "--eval_steps", "0"])
@@ -202,7 +202,7 @@ def test_curves_draw_the_held_out_pass1_on_its_own_axis_beside_the_reward():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    import plots
+    from analysis import plots
     fig, ax = plt.subplots()
     held = [[{"step": 0, "eval/pass@1": 0.1, "eval/problems": 64, "eval/n": 4},
              {"step": 20, "eval/pass@1": 0.3, "eval/problems": 64, "eval/n": 4}], []]

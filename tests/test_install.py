@@ -1,6 +1,6 @@
 """`pip install .` gives the library under names that are ours alone (setup.py): the objective, the
 reward (rewards.py, installed as gtpo_rewards), the gradient pass, with TRL GTPOTrainer, and what its example
-reads (data.py and models.py as gtpo_data and gtpo_models, their imports of each other renamed with them) --
+reads (machinery/data.py and machinery/models.py as gtpo_data and gtpo_models, their imports of each other renamed with them) --
 and a user's own rewards.py beside their script neither shadows it nor is shadowed."""
 import glob
 import json
@@ -13,17 +13,18 @@ import pytest
 
 from conftest import ENV, HERE
 
-LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl.py", "gtpo_trl_cli.py", "gtpo_data.py",
-           "gtpo_models.py"}
+LIBRARY = {"gtpo.py", "gtpo_logprobs.py", "gtpo_rewards.py", "gtpo_trl", "gtpo_data.py", "gtpo_models.py"}
 
 
 def _source(tmp_path):
-    """A copy of what `pip install .` reads: every top-level file of the clone (the build writes build/
-    beside its source, so it is a copy), so the check also says that nothing else is installed."""
+    """A copy of what `pip install .` reads: every top-level file of the clone and its code folders (the build
+    writes build/ beside its source, so it is a copy), so the check also says that nothing else is installed."""
     src = tmp_path / "src"
     src.mkdir()
     for f in ["pyproject.toml", "README.md", *glob.glob(os.path.join(HERE, "*.py"))]:
         shutil.copy(os.path.join(HERE, f), src)
+    for d in ("speedups", "machinery", "analysis", "gtpo_trl"):
+        shutil.copytree(os.path.join(HERE, d), src / d, ignore=shutil.ignore_patterns("__pycache__"))
     return src
 
 
@@ -43,11 +44,11 @@ def test_pip_install_gives_the_library_under_our_names_only(tmp_path):
     script = r"""
 import os, gtpo, gtpo_rewards, gtpo_data, gtpo_models
 print("from", {os.path.dirname(m.__file__) for m in (gtpo, gtpo_rewards, gtpo_data, gtpo_models)})
-assert gtpo_models.hub_unreachable is gtpo_data.hub_unreachable          # models.py's `from data import`, renamed
+assert gtpo_models.hub_unreachable is gtpo_data.hub_unreachable          # machinery/models.py's `from data import`, renamed
 total, _, _ = gtpo_rewards.reward(["<reasoning>r</reasoning><answer>\\dfrac{\\sqrt{3}}{2}</answer>"],
                                   ["\\frac{\\sqrt3}{2}"], "math")          # math-verify, in its worker
 print("reward", total.item())
-for generic in ("rewards", "data", "config", "models", "step", "runs"):
+for generic in ("rewards", "data", "config", "models", "step", "runs", "machinery", "speedups", "analysis"):
     try:
         __import__(generic)
         print("found", generic)
@@ -111,17 +112,17 @@ def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path,
 
 
 def _readme_trl_snippet():
-    """The Python block of README's "GTPO from TRL", as written."""
-    with open(os.path.join(HERE, "README.md")) as f:
-        section = f.read().split("## GTPO from TRL", 1)[1].split("\n## ", 1)[0]
+    """The Python block of docs/trl.md's "In a script of your own", as written."""
+    with open(os.path.join(HERE, "docs", "trl.md")) as f:
+        section = f.read().split("## In a script of your own", 1)[1].split("\n## ", 1)[0]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @pytest.mark.slow
 def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys):
-    """README "GTPO from TRL": after `pip install .` the snippet runs as written from a folder outside the clone
+    """docs/trl.md "In a script of your own": after `pip install .` the snippet runs as written from a folder outside the clone
     (nothing of the clone on the path), earns rewards that differ within a group (so a gradient flows) and
-    writes under runs/; `python gtpo_trl.py --example --max_steps 1` leaves an adapter and metrics that eval.py reads;
+    writes under runs/; `python -m gtpo_trl --example --max_steps 1` leaves an adapter and metrics that eval.py reads;
     the [trl] extra names what they import."""
     pytest.importorskip("trl")
     import tomllib
@@ -146,7 +147,7 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys)
     with open(user / "runs" / "gtpo-trl-snippet" / "checkpoint-2" / "trainer_state.json") as f:
         steps = [row for row in json.load(f)["log_history"] if "reward" in row]
     assert len(steps) == 2 and any(row["reward_std"] > 0 for row in steps)            # rewards earned, and spread
-    out = tmp_path / "example"                                        # `python gtpo_trl.py ...`, in this process
+    out = tmp_path / "example"                                        # `python -m gtpo_trl ...`, in this process
     gtpo_trl.main(["--example", "--max_steps", "1", "--max_completion_length", "16", "--output_dir", str(out)])
     assert f"done: adapter in {out / 'final'}" in capsys.readouterr().out
     assert (out / "final" / "adapter_config.json").is_file()

@@ -1,10 +1,10 @@
-"""memory.py: the estimate against the tensor memory of real steps measured on CPU, the paper's
+"""speedups/memory.py: the estimate against the tensor memory of real steps measured on CPU, the paper's
 models with the defaults, the two GPU measurements, and the micro-batch it picks."""
 import dataclasses
 
 import pytest
-from memory import (CPU_CHECKS, Settings, activation_rates, cpu_check, estimate, fit, measured_peak, model_config,
-                    table)
+from speedups.memory import (CPU_CHECKS, Settings, activation_rates, cpu_check, estimate, fit, measured_peak,
+                             model_config, table)
 
 @pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.parametrize("name", list(CPU_CHECKS))
@@ -18,7 +18,7 @@ def test_estimate_is_within_20_percent_of_the_peak_measured_on_cpu(name):
 def test_parameter_counts_from_two_layers_equal_the_whole_models(name, rank):
     from transformers import AutoConfig
 
-    from memory import SHAPES, _key, _layer_counts, param_counts
+    from speedups.memory import SHAPES, _key, _layer_counts, param_counts
     kw = {**SHAPES[name], "num_hidden_layers": 5}      # a few layers: the whole model is built to compare
     config = AutoConfig.for_model(kw.pop("model_type"), **kw)
     assert param_counts(_key(config), rank) == _layer_counts(config, None, rank)
@@ -83,7 +83,7 @@ def test_ranks_the_merged_sampler_and_h_ini_are_counted():
 
 
 def test_plan_turns_checkpointing_off_when_a_whole_group_fits_without_it():
-    from memory import plan
+    from speedups.memory import plan
     config = model_config("qwen2.5-3b")
     s = Settings(lora_rank=64, generation_size=8, completion_tokens=512)
     ckpt, m, est = plan(config, s, 80e9)
@@ -97,7 +97,7 @@ def test_plan_turns_checkpointing_off_when_a_whole_group_fits_without_it():
 def test_the_sampler_choice_follows_the_budget():
     """--rollout auto on CUDA: llama-8b with the defaults takes the merged copy with 80 GB and `generate` with
     16 GB, where the copy (14 GB of bf16 Linear layers) leaves no room; `bench --parts memory` prints it."""
-    from memory import GB, choose_sampler
+    from speedups.memory import GB, choose_sampler
     config = model_config("llama-8b")
     sampler, _, m, est, why = choose_sampler(config, Settings(), 80e9)
     assert sampler == "merged" and m == 12 and est["sampler"] > 13e9 and est["card"] <= 80e9 and "80.0 GB" in why
@@ -112,7 +112,7 @@ def test_the_merged_copy_keeps_headroom_for_its_first_step_on_40_and_80_gb():
     of the budget -- at 40 GB on one and on each of two ranks it is taken with smaller micro-batches and the
     card stays within 36 GB; at 80 GB with one micro-batch of 12; at 16 GB `generate`."""
     import dataclasses
-    from memory import GB, HEADROOM, Settings, choose_sampler, model_config
+    from speedups.memory import GB, HEADROOM, Settings, choose_sampler, model_config
     config = model_config("llama-8b")
     for world in (1, 2):
         s = Settings(world_size=world)
@@ -123,5 +123,5 @@ def test_the_merged_copy_keeps_headroom_for_its_first_step_on_40_and_80_gb():
         sampler, _, m, est, _ = choose_sampler(config, s, 80e9)
         assert sampler == "merged" and m == 12 and est["card"] <= 72 * GB
         assert choose_sampler(config, s, 16e9)[0] == "generate"
-    from memory import estimate
+    from speedups.memory import estimate
     assert estimate(config, dataclasses.replace(Settings(), sampler="generate"))["first"] == 0

@@ -1,14 +1,14 @@
-"""merged_rollout.py: the sampling copy computes what the policy computes (exactly without 4-bit,
+"""speedups/merged_rollout.py: the sampling copy computes what the policy computes (exactly without 4-bit,
 within bf16/NF4 rounding with it), leaves the policy untouched, shares what it does not merge, and
 rollout(path="merged") returns what the other paths return."""
 import pytest
 import torch
 
-import merged_rollout
 from conftest import assert_draws_match
-from models import load_model
-from memory import pick_sampler
+from machinery.models import load_model
 from rollout import rollout
+from speedups import merged_rollout
+from speedups.memory import pick_sampler
 
 
 def _policy(model_dir):
@@ -38,7 +38,7 @@ def test_merged_copy_equals_the_policy_and_leaves_it_untouched(tiny_model_dir):
 def _embedded_policy(dtype):
     """The embedded model in NF4 with `dtype` compute and LoRA (B drawn small, the same each time),
     and one worked problem as ids with the index where its solution starts."""
-    from data import format_prompt, load_task, one_shot_example, tagged_solution
+    from machinery.data import format_prompt, load_task, one_shot_example, tagged_solution
     model, tok, _ = load_model("smollm2-135m", lora_rank=8, load_in_4bit=True, dtype=dtype, log=lambda *a: None)
     torch.manual_seed(1)
     for n, p in model.named_parameters():
@@ -129,9 +129,9 @@ def test_auto_on_cuda_takes_the_merged_copy_when_the_budget_holds_it(tiny_model_
     merged copy when the step fits with it held at some micro-batch, `generate` when only the step without
     it fits; the choice is one line and the memory line counts the copy only when it is taken."""
     import dataclasses
-    import memory
+    from speedups import memory
     import train
-    from config import parse_args
+    from machinery.config import parse_args
     argv = ["--model", tiny_model_dir, "--device", "cuda", "--no-load_in_4bit", "--lora_rank", "4",
             "--max_completion_length", "64"]
     model, _, _ = load_model(tiny_model_dir, lora_rank=4)
@@ -177,7 +177,7 @@ def test_eval_samples_through_the_same_choice_on_cuda(tiny_model_dir, monkeypatc
     loop is sized once: a call's most rows (here one problem's 8 samples) and the longest prompt."""
     import types
     import eval as ev
-    from data import longest_prompt
+    from machinery.data import longest_prompt
     model, tok = _policy(tiny_model_dir)
     records = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 12 + 30 + 7?", "answer": "49"}]
     args = ev.parse_args(["--n_samples", "8", "--batch_size", "8", "--max_completion_length", "64"])

@@ -14,12 +14,12 @@ import math
 import pytest
 import torch
 
-import config
 import gtpo
 import rewards
 import step
 from conftest import flag_args, grads, objective_cases, off_values
-from models import load_tokenizer
+from machinery import config
+from machinery.models import load_tokenizer
 from released_listings import ENT_SCALE, ENT_THRESHOLD, W_RAW
 from rollout import Rollout
 
@@ -189,8 +189,8 @@ def test_every_path_reads_every_setting_alike(tiny_model_dir, small_vocab_lm, mo
     GTPO where TRL is installed, GTPOTrainer give the same loss and LoRA gradients. A setting the method does
     not read (its declaration's `reads`) leaves them bit for bit as they were; every other setting changes them
     in some case. <H>_ini = 0.9 > ln 2: "auto" leaves delta_i off, "all" and "neg" are the filtered cases."""
-    from config import Config
-    from gtpo_logprobs import sequence_logprobs
+    from machinery.config import Config
+    from speedups.logprobs import sequence_logprobs
     model, tok = small_vocab_lm, load_tokenizer(tiny_model_dir)        # 512 tokens, a peaked head; pad 2 < 512
     ro = _completions(tok, model.config.vocab_size)
     monkeypatch.setattr(step, "rollout", lambda *a, **k: ro)
@@ -255,7 +255,7 @@ def _shown(value):
 
 
 def test_the_pages_tables_state_the_declared_defaults():
-    """README's and docs/training.md's flag tables and docs/trl.md's GTPOConfig table give each objective
+    """docs/training.md's flag table and docs/trl.md's GTPOConfig table give each objective
     setting they name its declared default; docs/training.md's table and docs/trl.md's name every one train.py
     and GTPOConfig take; README's released-code table names every setting whose released value is not the
     paper's."""
@@ -263,8 +263,8 @@ def test_the_pages_tables_state_the_declared_defaults():
     from conftest import HERE
     pages = {name: open(f"{HERE}/{name}").read() for name in ("README.md", "docs/training.md", "docs/trl.md")}
     declared = {f.name: f.default for f in FIELDS}
-    tables = [("README.md", "| paper | flag | default |", 1, 2), ("docs/training.md", "| flag | default | demo profile |",
-              0, 1), ("docs/trl.md", "| `GTPOConfig` field | default |", 0, 1)]
+    tables = [("docs/training.md", "| flag | default | demo profile |", 0, 1),
+              ("docs/trl.md", "| `GTPOConfig` field | default |", 0, 1)]
     named = {}
     for page, header, names_at, default_at in tables:
         text = pages[page]

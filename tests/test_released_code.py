@@ -5,10 +5,10 @@ random groups; and a hand-computed group for each place where that code departs 
 import pytest
 import torch
 
-import config
 import gtpo
 import rewards
 import step
+from machinery import config
 from released_listings import UnslothEfficientGTPO, build_conflict_mask
 from rollout import Rollout
 

@@ -139,7 +139,7 @@ def test_unreadable_config_is_a_clear_error(tmp_path, tiny_args, train_here):
 
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny_args, monkeypatch):
     import errno
-    import runs
+    from machinery import runs
     real = torch.save
 
     def save(obj, path, *a, **k):
@@ -484,7 +484,8 @@ sys.exit(train.main(sys.argv[1:]))
 DDP_METHODS_HELPER = '''
 import json, os, sys, torch
 sys.path.insert(0, {here!r})
-import rewards, runs, step, train
+import rewards, step, train
+from machinery import runs
 rank = int(os.environ["RANK"])
 def fake_score(texts, answers, task, counts=None):          # spread within each group on both ranks
     r = (torch.arange(len(texts)) % 3).float() + rank
@@ -604,11 +605,12 @@ DDP_LOSS_HELPER = '''
 import dataclasses, json, os, sys, torch
 sys.path.insert(0, {here!r})
 sys.path.insert(0, os.path.join({here!r}, "tests"))
-import rewards, runs, step
-from config import Config
+import rewards, step
+from machinery import runs
+from machinery.config import Config
 from gtpo import Objective
-from gtpo_logprobs import PolicyPass
-from models import load_tokenizer
+from speedups.logprobs import PolicyPass
+from machinery.models import load_tokenizer
 from rollout import Rollout
 from test_step import _fixed_rollout
 from transformers import AutoConfig, AutoModelForCausalLM

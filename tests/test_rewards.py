@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from conftest import ENV, HERE
-from rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number,
-                     score)
+from rewards import (answers_equal, extract_answer, format_reward, latex_equal, parse_number, score)
 
 DATA = os.environ.get("GTPO_DATA_DIR")
 
@@ -131,7 +130,7 @@ def _rows(name, split="test"):
 
 @pytest.mark.needs_data
 def test_math500_curated_answers_match_loader_reference():
-    from data import load_task
+    from machinery.data import load_task
     recs, raw = load_task("math500", "test"), _rows("math500")
     misses = [(r["answer"], rec["answer"]) for r, rec in zip(raw, recs)
               if score([wrap(r["answer"])], [rec["answer"]], "math500")[2].item() != 10]
@@ -140,7 +139,7 @@ def test_math500_curated_answers_match_loader_reference():
 
 @pytest.mark.needs_data
 def test_gsm8k_answers_rewritten_as_a_person_would():
-    from data import load_task
+    from machinery.data import load_task
     recs = load_task("gsm8k", "test")
     variants, misses = 0, []
     for r in recs:
@@ -159,7 +158,7 @@ def test_gsm8k_answers_rewritten_as_a_person_would():
 def test_aime_references_are_integers_in_both_forms(name):
     """AIME 2024's answers are strings ("025"), AIME 2025's floats (70.0): both load as the integer's text and
     score a completion that writes it plainly, zero-padded or as upstream does."""
-    from data import load_task
+    from machinery.data import load_task
     recs, raw = load_task(name, "test"), _rows(name)
     assert len(recs) == 30
     for r, rec in zip(raw, recs):
@@ -173,7 +172,7 @@ def test_aime_references_are_integers_in_both_forms(name):
 def test_wrong_answers_score_format_only(name):
     # a wrong answer = the reference of the next item whose reference differs as text
     # (about 1% of GSM8K neighbours share the same number, which is rightly correct)
-    from data import load_task
+    from machinery.data import load_task
     recs = load_task(name, "test")
     n = len(recs)
     others = []
@@ -383,16 +382,16 @@ def test_python_c_and_a_notebook_like_exec_score_alike(how):
 
 @pytest.mark.parametrize("extra", [None, 0.5], ids=["as-reward-is", "plus-a-term"])
 def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_model_dir, tiny_lm, extra):
-    """README "Changing the reward": whatever rewards.reward returns -- the paper's total, a term a user added
-    there (the README's length penalty), or a term this test adds on top -- is what the RL step (its advantages
+    """docs/training.md "Changing the reward": whatever rewards.reward returns -- the paper's total, a term a user added
+    there (the page's length penalty), or a term this test adds on top -- is what the RL step (its advantages
     and `reward` metric), eval.py's scoring and the TRL reward function see, counted once; the paper's two terms
     (format, correctness) stay score()'s."""
     import eval as evaluate
     import rewards
     import step
-    from config import Config
+    from machinery.config import Config
     from gtpo import Objective
-    from models import load_tokenizer
+    from machinery.models import load_tokenizer
     from rollout import Rollout
     if extra is not None:
         inner = rewards.reward
@@ -426,10 +425,10 @@ def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_
 
 @pytest.mark.slow
 def test_the_readme_reward_edit_passes_the_test_it_names(tmp_path):
-    """README "Changing the reward", done as a user would: its block replaces rewards.reward in a copy of the
-    clone; the length penalty is then in the total, and the test the README names passes there."""
+    """docs/training.md "Changing the reward", done as a user would: its block replaces rewards.reward in a copy of
+    the clone; the length penalty is then in the total, and the test the page names passes there."""
     import shutil
-    with open(os.path.join(HERE, "README.md")) as f:
+    with open(os.path.join(HERE, "docs", "training.md")) as f:
         block = f.read().split("## Changing the reward", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     copy = tmp_path / "clone"
     shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns(".git", "runs", "study", "docs", "figures", "bench",

@@ -1,4 +1,4 @@
-"""Tests for step.py and the shared-prompt paths (cpu_rollout.py, gtpo_logprobs.PolicyPass): computing each prompt once per group
+"""Tests for step.py and the shared-prompt paths (speedups/cpu_rollout.py, speedups.logprobs.PolicyPass): computing each prompt once per group
 (PolicyPass with prompt_index, the pre-filled rollout, merged LoRA for sampling) gives what G copies
 give -- log-probs, entropy, loss, KL and every gradient -- on a tiny random Llama."""
 import contextlib
@@ -11,11 +11,11 @@ import gtpo
 import rewards
 import step
 from conftest import grads
-from models import load_tokenizer
-from config import Config
-from cpu_rollout import Blocked, blocked, merged_lora, prefill_shared, sample_next
-from gtpo_logprobs import positions, sequence_logprobs
+from machinery.config import Config
+from machinery.models import load_tokenizer
 from rollout import Rollout, rollout
+from speedups.cpu_rollout import Blocked, blocked, merged_lora, prefill_shared, sample_next
+from speedups.logprobs import positions, sequence_logprobs
 
 
 def _group(V, B, G, P, L, seed=0):
@@ -253,7 +253,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir
     """--gradient_checkpointing (what CUDA defaults to) recomputes each layer in backward: the RL
     step's loss, metrics and LoRA gradients equal those without it, micro-batches and GRPO's
     reference pass included."""
-    from models import checkpoint_activations
+    from machinery.models import checkpoint_activations
     tok = load_tokenizer(tiny_model_dir)
     B, G = 2, 3
     reward = lambda texts, answers, task, counts=None: (torch.tensor([0., 1, 2, 2, 0, 1]),) * 2 + (torch.zeros(6),)  # noqa: E731
@@ -431,7 +431,7 @@ def test_grpo_takes_the_entropy_filter_and_term_only_when_asked():
 
 
 def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):
-    from data import arithmetic_task
+    from machinery.data import arithmetic_task
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     records = arithmetic_task("train")[:5]
     out = {}
@@ -450,7 +450,7 @@ def test_sft_step_micro_batches_give_the_same_loss_and_gradient(tiny_model_dir, 
 def test_sft_step_runs_the_prompts_common_opening_once_with_the_same_loss_and_gradient(tiny_model_dir, tiny_lm):
     """The system prompt and the one-shot example, shared by every prompt, run once per pass (PolicyPass)
     and the rows continue them: the loss and gradient of one full sequence per record."""
-    from data import arithmetic_task, one_shot_example
+    from machinery.data import arithmetic_task, one_shot_example
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     train = arithmetic_task("train")
     records, example = train[1:6], one_shot_example(train[0])

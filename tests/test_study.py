@@ -19,7 +19,7 @@ def _flag(flags, name):
 def _recorded_keys():
     """The settings a committed config.json must give back: the run's identity (the start aside) and the
     micro-batches and ⟨H⟩_ini prompts the study pins."""
-    from config import identity_keys
+    from machinery.config import identity_keys
     return [k for k in identity_keys() if k != "init_from"] + ["micro_batch_size", "sft_micro_batch_size",
                                                                "ent_ini_prompts"]
 
@@ -27,7 +27,7 @@ def _recorded_keys():
 def test_plan_re_runs_every_committed_run_with_the_settings_it_ran_with():
     """The demo profile may change; the study's commands, parsed now, still give each committed run's recorded
     objective, recipe and micro-batches (config.json), so --resume and a re-run make the same experiment."""
-    from config import parse_args, record
+    from machinery.config import parse_args, record
     keys = _recorded_keys()
     checked = 0
     for run_id, flags, seed, _, _ in plan.jobs():
@@ -684,18 +684,18 @@ def _answers_in(path):
 
 def test_results_md_opens_with_what_to_run_and_the_answers_of_summary_md():
     """docs/results.md's first 45 lines say what to run and hold study/summary.md's answers table exactly, a row per
-    question Q1-Q10 (and part 3)."""
+    question Q1-Q11 (and part 3)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     table, before = _answers_in(os.path.join(here, "docs", "results.md"))
     assert len(before) + len(table) <= 45 and any(line.startswith("**What to run:**") for line in before)
     assert table == _answers_in(os.path.join(here, "study", "summary.md"))[0]
     assert [row.split(" | ")[0][2:] for row in table[2:]] == ["Q1", "Q2", "Q3", "Q4", "Part 3", "Q5", "Q6", "Q7", "Q8",
-                                                         "Q9", "Q10"]
+                                                         "Q9", "Q10", "Q11"]
 
 
 @pytest.mark.slow
 def test_summary_md_answers_are_computed_from_the_plan_and_the_committed_runs():
-    """study/summary.md's answers table is what study.report computes now from plan.ANSWERS and study/runs/."""
+    """study/summary.md's answers table is what study.report computes now from study.answers.ANSWERS and study/runs/."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert _answers_in(os.path.join(here, "study", "summary.md"))[0] == study_report.answer_lines()
 
@@ -704,7 +704,7 @@ def test_watch_trains_and_evaluates_seed_1_as_the_study_did():
     """study.watch's commands, parsed as train.py / eval.py parse them, give the committed runs' recorded settings
     (warmup-q9-s1, q7-released-s1: config.json, eval-id.json), the RL run starting from the warm-up it trained."""
     import eval as evaluate
-    from config import parse_args, record
+    from machinery.config import parse_args, record
     from study import watch
     keys = _recorded_keys()
     steps = watch.commands(1, "runs/watch-s1")
@@ -786,7 +786,7 @@ def test_table1_small_run_sets_ours_beside_the_authors_and_resumes(tmp_path, tin
 def test_fig4_panels_change_exactly_what_they_ablate():
     """study.fig4's commands parse as train.py parses them (every flag exists), each run changes against its panel's
     base exactly the settings it declares, and docs/study.md Part 9 lists every command as the module prints it."""
-    from config import parse_args, record
+    from machinery.config import parse_args, record
     from conftest import HERE
     from study import fig4
     with open(os.path.join(HERE, "docs", "study.md")) as f:
@@ -806,7 +806,7 @@ def test_q10_arms_change_only_what_part_10_declares():
     """docs/study.md part 10: each seed's own warm-up (the committed command); where GRPO collapses, Q6's GTPO flags
     with the released term or Eq. 7 at gamma 0.01; where the model learns, Q7's GTPO flags at gamma 0.01 and Q7's
     GRPO flags again; the next step's gammas after every first-step run, each evaluated in its training's job."""
-    from config import parse_args
+    from machinery.config import parse_args
     jobs = plan.part_jobs(plan.part("q10"))
     first = [j for j in jobs if not (plan.arm(j[0].rsplit("-s", 1)[0]).when)]
     assert jobs[:len(first)] == first and len(jobs) == len(first) + 5 * 8
@@ -929,11 +929,12 @@ def test_q11_declares_fresh_seeds_paired_arms_with_q10s_flags_and_the_powered_nu
     """docs/study.md part 11: 16 fresh seeds (not Q6's 21-28, not the pilot's 11, none a committed run has), one
     warm-up per seed (Q6's command) that every arm of the seed starts from, the three arms with exactly the flags
     Q10 and Q6 ran, each evaluated on the rung in its training's job; the number is the power calculation's."""
-    from config import parse_args
+    from machinery.config import parse_args
     from study import q11
     p = plan.part("q11")
     assert p.one_host and p.order == "seed" and len(plan.Q11_SEEDS) == 16
-    used = {int(d.rsplit("-s", 1)[1]) for d in os.listdir(plan.KEEP) if d.rsplit("-s", 1)[-1].isdigit()}
+    used = {int(d.rsplit("-s", 1)[1]) for d in os.listdir(plan.KEEP)
+            if d.rsplit("-s", 1)[-1].isdigit() and not d.startswith(("q11-", "warmup-q11-"))}
     assert not set(plan.Q11_SEEDS) & (used | set(plan.Q6_SEEDS) | {plan.PILOT_SEED})
     jobs = plan.part_jobs(p)
     assert len(jobs) == 16 * 4 and [j[0] for j in jobs[:4]] == ["warmup-q11-s31", "q11-grpo-s31",
@@ -980,3 +981,50 @@ def test_a_one_host_part_trains_nothing_on_another_host(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "attempt", lambda *a: calls.append(a) or (out / "final").mkdir())
     study.train("q11-grpo-s46", [], 46, "warmup-q11-s46", (0, 2), 1)
     assert len(calls) == 1
+
+
+def _q11_runs(folder, grpo, released, eq7, seeds=None):
+    """Hand-made Q11 runs: for each arm the seeds (of Q11's) that collapse; every run evaluated on the rung."""
+    calm = [{"step": k, "phase": "rl", "rewards/format": 9.5, "rewards/accuracy": 0.0, "entropy": 0.3,
+             "grad_norm": 0.2} for k in range(1, 101)]
+    broke = [dict(r, **({"rewards/format": 4.0, "entropy": 1.4} if r["step"] > 60 else {})) for r in calm]
+    for name, bad in (("q11-grpo", grpo), ("q11-released", released), ("q11-eq7", eq7)):
+        for s in seeds or plan.Q11_SEEDS:
+            d = folder / f"{name}-s{s}"
+            d.mkdir()
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (broke if s in bad else calm)))
+            (d / "config.json").write_text(json.dumps({"h_ini": 0.41, "entropy_filter_applied": "all"}))
+            (d / "eval-rung.json").write_text(json.dumps({"pass@k": {"1": 0.0}, "format_rate": 0.5}))
+
+
+@pytest.mark.parametrize("grpo, released, eq7, rule", [
+    (range(31, 43), (), (), "keep, both"),                # GRPO 12 of 16, both arms 0: both protect
+    (range(31, 43), range(31, 43), (), "change"),         # γ 0.03 protects, the default collapses with GRPO
+    (range(31, 43), (), range(31, 43), "keep, withdraw"),
+    (range(31, 35), range(31, 35), range(31, 35), "keep, unconfirmed"),
+])
+def test_q11_verdicts_are_paired_with_holm_and_apply_the_declared_default_rule(tmp_path, monkeypatch, grpo,
+                                                                                released, eq7, rule):
+    """docs/study.md part 11 on hand-made runs: the paired exact test counts the seeds where GRPO and the arm disagree,
+    Holm over the two; the answer names the rule's outcome for the default; the section gives Fisher's unpaired p
+    beside; the figure is drawn once a seed has its three runs."""
+    from study import q11
+    committed_in(tmp_path, monkeypatch)
+    _q11_runs(tmp_path, set(grpo), set(released), set(eq7))
+    eq7_row, released_row = q11.verdicts()
+    assert eq7_row["units"] == released_row["units"] == 16
+    assert eq7_row["discordant"] == [len(set(grpo) - set(eq7)), len(set(eq7) - set(grpo))]
+    assert q11.default_rule(eq7_row["verdict"] == "holds", released_row["verdict"] == "holds") == rule
+    said = q11.answer()
+    assert said.startswith(q11.FOLLOWS[rule]) and f"{len(set(eq7))} of 16 seeds" in said
+    section = q11.q11_lines(plan.part("q11"))[0]
+    assert section[2] == said and any("Fisher's one-sided p" in line for line in section[3])
+    assert q11.plot_q11(str(tmp_path / "q11.png"), plan.part("q11")) and (tmp_path / "q11.png").is_file()
+
+
+def test_q11_is_not_finished_until_every_seed_has_its_three_runs(tmp_path, monkeypatch):
+    from study import q11
+    committed_in(tmp_path, monkeypatch)
+    _q11_runs(tmp_path, {31, 32}, set(), set(), seeds=(31, 32, 33))
+    assert q11.verdicts() is None and q11.answer() == "not finished: 3 of 16 seeds have all three runs evaluated"
+    assert "collapses 2 of 3" in q11.q11_outcome(None)

@@ -1,4 +1,4 @@
-"""Tests for rollout.py, config.py and train.py: masks on a tiny random-weight model, one optimizer
+"""Tests for rollout.py, machinery/config.py and train.py: masks on a tiny random-weight model, one optimizer
 step per method, a 2-step run of the embedded model with a resume, and bad flags."""
 import dataclasses
 import json
@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
-import data
 import gtpo
 import rewards
 import step
 import train
 from conftest import HERE, grads
-from models import load_tokenizer
+from machinery import data
+from machinery.models import load_tokenizer
 from rollout import completion_mask, rollout
 
 
@@ -139,7 +139,7 @@ def test_contradictory_or_misspelt_flags_are_refused(capsys, argv, msg):
 
 
 def test_help_shows_the_real_defaults_grouped(capsys):
-    from config import build_parser
+    from machinery.config import build_parser
     with pytest.raises(SystemExit) as e:
         train.cli(["--help"])
     out = capsys.readouterr().out
@@ -155,7 +155,7 @@ def test_help_shows_the_real_defaults_grouped(capsys):
 
 
 def test_every_flag_is_documented_in_docs_training():
-    from config import build_parser
+    from machinery.config import build_parser
     with open(os.path.join(HERE, "docs", "training.md")) as f:
         doc = f.read()
     flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
@@ -165,7 +165,7 @@ def test_every_flag_is_documented_in_docs_training():
 def test_config_defaults_profiles_and_unknown_fields():
     """One Config: paper defaults in its fields, the demo's in PROFILES, flags given win; an unknown
     field fails; "auto" filter resolved once (Config.filter_mode); the method decides Adam's betas."""
-    from config import Config, parse_args
+    from machinery.config import Config, parse_args
     demo, paper = parse_args([]), parse_args(["--model", "llama-8b", "--device", "cuda"])
     assert (demo.lr, demo.generation_size, demo.lora_rank, demo.one_shot) == (3e-4, 8, 32, True)
     assert (paper.lr, paper.generation_size, paper.lora_rank, paper.one_shot) == (1e-6, 12, 128, False)
@@ -182,7 +182,7 @@ def test_config_defaults_profiles_and_unknown_fields():
 
 
 def test_released_code_selects_every_released_behaviour_and_given_flags_win():
-    from config import parse_args
+    from machinery.config import parse_args
     default, rel = parse_args(["--model", "llama-8b"]).objective, parse_args(["--released_code"])
     assert (default.entropy_term, default.scale_rewards, default.conflict_norm, default.entropy_filter) == \
         ("released", True, False, "auto")      # the entropy term by docs/study.md part 7's rule; the rest Eq. 6-8
@@ -198,8 +198,8 @@ def test_resume_reads_every_objective_setting_from_the_run(tmp_path):
     setting is read as its declared unrecorded value; a flag asking for another value is refused like any
     other change of objective, recorded or not. An identity setting neither recorded nor declared is refused."""
     from conftest import flag_args, off_values
-    from config import identity_keys, parse_args, record, unrecorded
-    from runs import ConfigError, prepare_output_dir, write_json
+    from machinery.config import identity_keys, parse_args, record, unrecorded
+    from machinery.runs import ConfigError, prepare_output_dir, write_json
     out = str(tmp_path)
     argv = ["--model", "llama-8b", "--output_dir", out]
     made = record(parse_args(argv))
@@ -232,8 +232,8 @@ def test_resume_reads_every_recorded_setting_without_flags(tmp_path):
     """`--resume --output_dir RUN` alone continues a run made with non-default flags of every group: each setting
     but what one command says for itself is the run's config.json's, its source says so, and nothing differs;
     a flag given beside it is a change, refused unless --allow_changes names it."""
-    from config import PER_INVOCATION, config_table, identity_keys, parse_args, record, unrecorded
-    from runs import ConfigError, prepare_output_dir, write_json
+    from machinery.config import PER_INVOCATION, config_table, identity_keys, parse_args, record, unrecorded
+    from machinery.runs import ConfigError, prepare_output_dir, write_json
     out = str(tmp_path)
     made = record(parse_args(["--use_grpo", "--beta", "0.04", "--sft_warmup_steps", "0", "--generation_size", "4",
                               "--max_completion_length", "8", "--lora_rank", "8", "--lr", "3e-5", "--max_steps", "5",
@@ -268,7 +268,7 @@ def test_auto_rollout_is_generate_on_cuda_and_shared_on_cpu():
 def test_both_rollout_paths_give_valid_equally_shaped_rollouts(tiny_model_dir, tiny_lm, monkeypatch):
     """On CPU, --rollout generate and shared: the same shapes, prompts and mask rules; and auto calls
     the sampler resolve_path names (generate when it says cuda)."""
-    import cpu_rollout
+    from speedups import cpu_rollout
     import rollout as rollout_mod
     model, tok = tiny_lm(lora=True), load_tokenizer(tiny_model_dir)
     prompts = ["a short prompt", "a somewhat longer prompt with more words in it"]
@@ -286,7 +286,7 @@ def test_both_rollout_paths_give_valid_equally_shaped_rollouts(tiny_model_dir, t
 
 def test_step_records_wrap_returns_n_records_at_the_epoch_end():
     """The SFT warm-up's B x G records read on cyclically: always n of them, the epoch's order."""
-    from runs import Dist
+    from machinery.runs import Dist
     records = list(range(2000))
     dist = Dist("cpu")
     steps_per_epoch = 2000
@@ -302,8 +302,8 @@ def test_step_records_wrap_returns_n_records_at_the_epoch_end():
 def test_unreachable_hub_fails_fast(monkeypatch):
     """No network: a Hub dataset or model fails in seconds with the fix, not after ~40 s of retries."""
     import time
-    from data import DataError, load_task
-    from models import ModelError, resolve
+    from machinery.data import DataError, load_task
+    from machinery.models import ModelError, resolve
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HTTPS_PROXY", raising=False)
     monkeypatch.delenv("https_proxy", raising=False)
@@ -321,7 +321,7 @@ def test_init_from_starts_from_another_runs_weights(tmp_path, tiny_lm):
     """--init_from (SFT, then RL): the adapter of another run is loaded exactly; a folder of another
     LoRA rank or without weights is refused with the fix."""
     from peft import LoraConfig, get_peft_model
-    from runs import ConfigError, load_start_weights
+    from machinery.runs import ConfigError, load_start_weights
     donor = tiny_lm(lora=True)
     donor.save_pretrained(tmp_path / "final")
     torch.manual_seed(1)
@@ -343,7 +343,7 @@ def test_init_from_starts_from_another_runs_weights(tmp_path, tiny_lm):
 @pytest.mark.parametrize("lora", [True, False])
 def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
     import gtpo
-    from gtpo_logprobs import lm_head_of, sequence_logprobs
+    from speedups.logprobs import lm_head_of, sequence_logprobs
     model = tiny_lm(lora)
     assert lm_head_of(model) is not None
     V = model.config.vocab_size
@@ -382,7 +382,7 @@ def test_chunked_logprobs_match_full_logits(tiny_lm, lora):
 
 
 def test_chunked_function_gradcheck_float64():
-    from gtpo_logprobs import ChunkedLogprobs
+    from speedups.logprobs import ChunkedLogprobs
     torch.manual_seed(0)
     T, D, V = 7, 5, 11
     h = torch.randn(T, D, dtype=torch.float64, requires_grad=True)
@@ -408,7 +408,7 @@ def test_chunked_function_gradcheck_float64():
 def test_chunked_entropy_gradient_gradcheck(temperature):
     """Eq. 7's term through the chunked head: d(g . logp + g_H . H)/d(hidden, W, b), float64 finite
     differences (torch.autograd.gradcheck), chunks of 3 over 7 positions, temperature included."""
-    from gtpo_logprobs import ChunkedLogprobs
+    from speedups.logprobs import ChunkedLogprobs
     g = torch.Generator().manual_seed(0)
     T, D, V = 7, 5, 11
     h, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
@@ -425,7 +425,7 @@ def test_chunked_entropy_gradient_matches_autograd_on_full_logits(tiny_lm, tempe
     """sequence_logprobs(entropy_grad=True): the gradient of gamma * mean <H>_i (plus the log-prob term)
     through the chunked LM head equals autograd through the full (N, L, V) logits."""
     import gtpo
-    from gtpo_logprobs import sequence_logprobs
+    from speedups.logprobs import sequence_logprobs
     model = tiny_lm(False)
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(3)
@@ -451,7 +451,7 @@ def test_chunked_entropy_gradient_matches_autograd_on_full_logits(tiny_lm, tempe
 
 HEAP_PROBE = """
 import sys, torch
-from models import heap_mmap_threshold
+from machinery.models import heap_mmap_threshold
 def rss_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
 was_set = heap_mmap_threshold(float(sys.argv[1]))
@@ -481,7 +481,7 @@ def test_load_model_with_lora_is_quiet_but_hides_nothing_else(tiny_model_dir):
     """train.py's LoRA wrapping prints no deprecation noise from PEFT (models.quiet_peft), and
     quiet_peft filters exactly that one warning: any other still reaches the user."""
     import warnings
-    from models import load_model, quiet_peft
+    from machinery.models import load_model, quiet_peft
     load_model(tiny_model_dir, lora_rank=4, log=lambda *a: None)     # import-time notices of libraries: once
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -498,7 +498,7 @@ AUTHORS_COMMAND = ("python train.py --model llama-8b --dataset gsm8k --optimizer
 
 
 def test_the_authors_readme_command_parses_as_listing_1():
-    from config import parse_args
+    from machinery.config import parse_args
     argv = AUTHORS_COMMAND.split()[2:]
     cfg = parse_args(argv + ["--device", "cuda"])
     assert (cfg.optimizer, cfg.method, cfg.model, cfg.dataset) == ("adamw_8bit", "gtpo", "llama-8b", "gsm8k")
@@ -528,9 +528,9 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     (memory.plan) in one line; with --memory_budget_gb given it needs no device query, so it runs here.
     A budget the tiny model fills only just: checkpointing goes on; a roomy one: off, share_prompt kept."""
     import dataclasses
-    import memory
-    from config import ConfigError, parse_args
-    from models import load_model
+    from speedups import memory
+    from machinery.config import ConfigError, parse_args
+    from machinery.models import load_model
     from transformers import AutoConfig
     argv = ["--model", tiny_model_dir, "--device", "cuda", "--no-load_in_4bit", "--lora_rank", "4",
             "--max_completion_length", "64", "--rollout", "generate"]          # the sampler: test_merged_rollout.py
@@ -563,7 +563,7 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
 def test_full_weights_load_from_one_file_or_shards(tmp_path, tiny_lm, shard):
     """runs.load_weights (--resume and --init_from of a full fine-tuning run): model.safetensors, or
     the shards its index lists."""
-    from runs import load_weights
+    from machinery.runs import load_weights
     src, dst = tiny_lm(), tiny_lm()
     with torch.no_grad():
         for p in src.parameters():
@@ -576,7 +576,7 @@ def test_full_weights_load_from_one_file_or_shards(tmp_path, tiny_lm, shard):
 
 _DDP_BUCKETS = """
 import copy, os, sys, torch, torch.distributed as tdist
-from runs import ddp
+from machinery.runs import ddp
 tdist.init_process_group("gloo", store=tdist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
 torch.manual_seed(0)
 plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
@@ -624,7 +624,7 @@ def test_every_torch_load_names_its_device():
 
 
 def test_tf32_is_set_for_cuda_runs_only():
-    from models import fp32_matmuls
+    from machinery.models import fp32_matmuls
     before = torch.backends.cuda.matmul.fp32_precision
     try:
         fp32_matmuls("cpu", True)
@@ -659,8 +659,8 @@ def test_bad_data_fails_before_the_model_loads_and_leaves_no_run_folder(tmp_path
 def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
     """--one_shot_from: the first train record of the named dataset; from the training file itself it is
     then not trained on."""
-    from config import parse_args
-    from models import load_tokenizer
+    from machinery.config import parse_args
+    from machinery.models import load_tokenizer
     mine = tmp_path / "mine.jsonl"
     mine.write_text("".join(f'{{"question": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(4)))
     tok, lines = load_tokenizer(tiny_model_dir), []
@@ -673,12 +673,12 @@ def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_the_readme_own_data_check_runs_offline_as_written(tmp_path):
-    """README "Your own data": its short test, copied from the README, on a file of one's own with the Hub
+    """docs/training.md "Your own data": its short test, copied from the page, on a file of one's own with the Hub
     unreachable (HF_HUB_OFFLINE=1): two RL steps, and the example is the file's first record."""
     import subprocess
     import sys
     from conftest import ENV
-    with open(os.path.join(HERE, "README.md")) as f:
+    with open(os.path.join(HERE, "docs", "training.md")) as f:
         section = f.read().split("## Your own data", 1)[1].split("\n## ", 1)[0]
     command = " ".join(section.split("A short test, offline: `", 1)[1].split("`", 1)[0].split())
     assert command.startswith("python train.py --dataset mine.jsonl") and "gsm8k" not in command
@@ -715,7 +715,7 @@ def test_config_json_records_each_settings_source(tmp_path, tiny_args):
 def test_setup_decides_and_leaves_the_parsed_config_as_it_was(tmp_path, tiny_args, monkeypatch):
     """The model's LoRA rank, the memory plan and <H>_ini come back from setup as a new Config the loop reads;
     the one parse_args returned is not changed (config.json records what setup decided)."""
-    from config import parse_args
+    from machinery.config import parse_args
     cfg = parse_args(tiny_args(tmp_path / "run", max_steps=1, entropy_filter="auto", ent_ini_prompts=2))
     parsed = dataclasses.asdict(cfg)
     monkeypatch.setattr(train, "parse_args", lambda *a, **k: cfg)

@@ -1,4 +1,4 @@
-"""Tests for gtpo_trl.py (skipped without TRL): GTPOTrainer's loss and gradients equal gtpo.policy_loss on the
+"""Tests for gtpo_trl/trainer.py (skipped without TRL): GTPOTrainer's loss and gradients equal gtpo.policy_loss on the
 same completions at another temperature (tests/test_objective.py holds every setting of the objective equal to
 the loop's); its <H>_i pass; groups split by micro-batches or by processes keep their advantages; flat groups;
 config refusals."""
@@ -11,9 +11,10 @@ pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r 
 
 import gtpo                                                            # noqa: E402
 from conftest import grads                                             # noqa: E402
-from gtpo_trl import GTPOConfig, GTPOTrainer, flat_groups_to_zero, per_token_advantages   # noqa: E402
-from gtpo_logprobs import sequence_logprobs                                 # noqa: E402
-from models import load_tokenizer                                      # noqa: E402
+from gtpo_trl import GTPOConfig, GTPOTrainer, per_token_advantages                         # noqa: E402
+from gtpo_trl.trainer import flat_groups_to_zero                                           # noqa: E402
+from machinery.models import load_tokenizer                                      # noqa: E402
+from speedups.logprobs import sequence_logprobs                                 # noqa: E402
 
 
 def _args(tmp_path, **kw):
@@ -278,15 +279,15 @@ def _two_process_worker(model_dir, out):
     """Run by test_two_processes_see_whole_groups under torchrun: one GTPO step, G = 8 and 4
     completions per process, so the group straddles the two processes; each saves what it gathered,
     the rows it kept and the advantages they got."""
-    import gtpo_trl
+    from gtpo_trl import trainer
     recorded = {}
-    compute = gtpo_trl.per_token_advantages
+    compute = trainer.per_token_advantages
 
     def recording(ids, mask, adv, h, G, o, gate, own):
         recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G, gate=gate,
                         o=dataclasses.asdict(o))
         return compute(ids, mask, adv, h, G, o, gate, own)
-    gtpo_trl.per_token_advantages = recording
+    trainer.per_token_advantages = recording
 
     class Saving(GTPOTrainer):
         def _generate_and_score_completions(self, inputs):

@@ -1,4 +1,4 @@
-"""`python -m gtpo_trl` as TRL's `trl grpo` (trl_cli.py; skipped without TRL): the same flags and YAML recipe,
+"""`python -m gtpo_trl` as TRL's `trl grpo` (gtpo_trl/cli.py; skipped without TRL): the same flags and YAML recipe,
 GTPO's own fields read from the recipe, a refused option failing before any model loads, and -- with GTPO's parts
 off -- the losses TRL's command logs for the same recipe (slow: both commands train a tiny model offline)."""
 import json
@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r requirements-trl.txt")
 
 import gtpo_trl                                                         # noqa: E402
-import trl_cli                                                          # noqa: E402
-from gtpo_trl import GTPOConfig                                         # noqa: E402
 from conftest import ENV, HERE, free_port                               # noqa: E402
+from gtpo_trl import cli as trl_cli                                                          # noqa: E402
+from gtpo_trl import GTPOConfig                                         # noqa: E402
 
 RECIPE = "configs/gtpo-llama8b-gsm8k.yaml"
 REWARD = '''import os
@@ -64,7 +64,7 @@ def test_the_papers_recipe_is_train_pys_paper_run(tmp_path):
     """configs/gtpo-llama8b-gsm8k.yaml holds what `python train.py --model llama-8b --dataset gsm8k --use_gtpo`
     runs on a GPU: the model, 4-bit, LoRA, the task and reward, G and one prompt a step, the optimizer's settings
     and the objective (gtpo.Objective, field by field)."""
-    import config
+    from machinery import config
     cfg = config.parse_args(["--model", "llama-8b", "--dataset", "gsm8k", "--use_gtpo", "--device", "cuda"])
     script, t, m, _ = trl_cli.parser(GTPOConfig).parse_args_and_config(    # use_cpu: bf16 is refused on a CPU otherwise
         ["--config", os.path.join(HERE, RECIPE), "--use_cpu", "true"])
@@ -93,7 +93,8 @@ def test_refused_option_fails_before_any_model_loads(tmp_path):
 
 def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_path, monkeypatch):
     """As `trl grpo`: accelerate's flags from the command line and a recipe key only accelerate knows go to
-    `accelerate launch`, which runs gtpo_trl.py with the other arguments in their order; a flag neither knows, a
+    `accelerate launch -m gtpo_trl` (this package, found through PYTHONPATH from any folder) with the other arguments
+    in their order; a flag neither knows, a
     missing dataset or model, is refused before anything launches."""
     for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
         monkeypatch.delenv(name, raising=False)
@@ -104,7 +105,9 @@ def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_pat
                    "--ent_gamma", "0"])
     (args,) = launched
     assert args.num_processes == 2 and args.multi_gpu and args.main_process_port == 29555
-    assert args.training_script == os.path.abspath(gtpo_trl.__file__)
+    assert args.module and args.training_script == "gtpo_trl"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(gtpo_trl.__file__)))
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == here
     assert args.training_script_args == ["--config", str(recipe), "--max_steps", "3", "--ent_gamma", "0"]
     with pytest.raises(SystemExit):
         gtpo_trl.main(["--config", str(recipe), "--no_such_flag", "1"])
@@ -128,8 +131,8 @@ def test_a_failed_run_gives_its_exit_code_without_a_second_traceback(tmp_path, m
 def test_task_is_train_pys_prompts_as_conversational_rows():
     """--task: each split's rows in the paper's messages, which TRL's chat template renders to train.py's prompt text
     (data.format_prompt); with --one_shot the first training record is the worked example and not a training row."""
-    from data import format_prompt, load_task, one_shot_example
-    from models import embedded_model_dir, load_tokenizer
+    from machinery.data import format_prompt, load_task, one_shot_example
+    from machinery.models import embedded_model_dir, load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     train, test = load_task("arithmetic", "train"), load_task("arithmetic", "test")
     for one_shot in (False, True):

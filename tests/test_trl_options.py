@@ -1,4 +1,4 @@
-"""GRPOConfig's options under GTPOTrainer, as gtpo_trl.OPTIONS declares them (skipped without TRL): each that
+"""GRPOConfig's options under GTPOTrainer, as gtpo_trl.trainer.OPTIONS declares them (skipped without TRL): each that
 composes gives GRPOTrainer's losses and gradients with GTPO's own parts off, and other ones with them on; each
 refused value raises naming the part of GTPO it would replace; no option is accepted and ignored. Then what a TRL
 user passes beside the config: no args, a GRPOConfig, tool output, vLLM's importance sampling, a mixture of experts,
@@ -21,9 +21,9 @@ pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r 
 from trl import GRPOConfig, GRPOTrainer                                # noqa: E402
 
 import gtpo                                                            # noqa: E402
-import gtpo_trl                                                        # noqa: E402
-from gtpo_trl import OPTIONS, OUTSIDE_THE_LOSS, GTPOConfig, GTPOTrainer   # noqa: E402
-import models                                                          # noqa: E402
+from gtpo_trl import trainer as gtpo_trainer                            # noqa: E402
+from gtpo_trl.trainer import OPTIONS, OUTSIDE_THE_LOSS, GTPOConfig, GTPOTrainer   # noqa: E402
+from machinery import models                                                          # noqa: E402
 
 load_tokenizer = functools.lru_cache(models.load_tokenizer)            # one tokenizer for the many runs
 
@@ -153,7 +153,7 @@ REFUSED = [("loss_type", "cispo"), ("loss_type", "sapo"), ("loss_type", "vespo")
 @pytest.mark.parametrize("name,value", REFUSED)
 def test_refused_option_names_the_part_it_replaces(tmp_path, name, value):
     part = OPTIONS[name].replaces
-    assert part in (gtpo_trl.SURROGATE, gtpo_trl.ENTROPY)
+    assert part in (gtpo_trainer.SURROGATE, gtpo_trainer.ENTROPY)
     with pytest.raises(ValueError) as e:
         GTPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **{name: value})
     assert str(e.value).startswith(f"GTPOConfig: {name}={value!r} replaces {part}, which GTPO defines; use ")
@@ -171,11 +171,11 @@ def test_per_token_advantages_leave_tool_output_out_of_the_counts():
     own[:, 1] = 0
     adv, h = torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.zeros(4)
     o = gtpo.Objective(conflict_norm=True, ent_gamma=0.0)
-    per_token, m = gtpo_trl.per_token_advantages(ids, mask, adv, h, 4, o, "off", own)
+    per_token, m = gtpo_trainer.per_token_advantages(ids, mask, adv, h, 4, o, "off", own)
     # the span is tokens 0-2 whatever the tool output; 2 of them are the policy's: lambda A / 2 on them
     torch.testing.assert_close(per_token, torch.tensor([[1.0, 1.0, 1.0, 0.5, 0.5]] * 2 + [[0.0, 0.0, 0.0, -0.5, -0.5]] * 2))
     assert m["gtpo/conflict_frac"] == pytest.approx(8 / 16)             # 2 of each row's 4 own tokens
-    _, all_tokens = gtpo_trl.per_token_advantages(ids, mask, adv, h, 4, o, "off")
+    _, all_tokens = gtpo_trainer.per_token_advantages(ids, mask, adv, h, 4, o, "off")
     assert all_tokens["gtpo/conflict_frac"] == pytest.approx(12 / 20)
 
 
@@ -337,7 +337,7 @@ def test_no_args_and_a_grpoconfig(tiny_model_dir, tmp_path, monkeypatch, caplog)
         if f.init and f.name not in ("generation_batch_size",):
             assert getattr(t.args, f.name) == getattr(given, f.name), f.name
     assert t.args.generation_batch_size == given.generation_batch_size and t.args.loss_type == "dapo"
-    lines = [r.getMessage() for r in caplog.records if r.name == "gtpo_trl"]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("gtpo_trl")]
     assert len(lines) == 1 and "loss_type='dapo'" in lines[0] and "conflict_weight=2.0" in lines[0]
     with pytest.raises(ValueError, match="GTPOConfig: entropy_coef=0.1 replaces the entropy term"):
         GTPOTrainer(model=tiny_model_dir, reward_funcs=reward, train_dataset=_dataset(), processing_class=tok,

@@ -14,8 +14,8 @@ from PIL import Image                                                  # noqa: E
 from trl import GRPOConfig, GRPOTrainer                                # noqa: E402
 
 import gtpo                                                            # noqa: E402
-from gtpo_trl import MULTIMODAL, GTPOConfig, GTPOTrainer               # noqa: E402
-from models import embedded_model_dir                                  # noqa: E402
+from gtpo_trl.trainer import MULTIMODAL, GTPOConfig, GTPOTrainer               # noqa: E402
+from machinery.models import embedded_model_dir                                  # noqa: E402
 
 G = 4
 BASE = dict(num_generations=G, per_device_train_batch_size=2 * G, max_completion_length=6, max_steps=2,

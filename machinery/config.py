@@ -7,9 +7,7 @@ the paper's recipe and the objective first; a misspelt flag or field fails.
 """
 import argparse
 import dataclasses
-import difflib
 import importlib.util
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -17,17 +15,18 @@ from dataclasses import dataclass
 import torch
 
 import gtpo
-from data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
-from models import ALIASES
-from rollout import PATHS
 from gtpo import AT_LEAST_0, FINITE_AT_LEAST_0
-from runs import LOGGERS, ConfigError, read_json
+from machinery.data import HUB, TASKS, check_data_dir, is_local, load_task, task_name
+from machinery.flags import AT_LEAST_1, BETA, FRACTION, POSITIVE, STEPS, Parser, checked
+from machinery.models import ALIASES
+from machinery.runs import LOGGERS, ConfigError, read_json
+from rollout import PATHS
 
 GROUPS = {"recipe": "the paper's recipe (Listing 1)", "objective": "the objective (Eq. 1, 5-8)",
           "run": "the run: data, output, resume, logging",
           "eval": "held-out evaluation during the run (eval.py's sampling and scoring)",
           "memory": "memory and speed (the same update, computed differently)",
-          "cpu": "CPU sampling path (--rollout shared; cpu_rollout.py)"}
+          "cpu": "CPU sampling path (--rollout shared; speedups/cpu_rollout.py)"}
 BETAS = {"gtpo": (0.999999, 0.999999), "grpo": (0.9, 0.95), "sft": (0.9, 0.95)}   # Adam (Listing 1)
 # SmolLM2-135M is not in the paper. It never writes the tag format on its own, so the demo shows it
 # one worked example in the prompt (one_shot) and warms up with SFT. Its RL phase is 20 steps with Adam's usual
@@ -42,59 +41,6 @@ PROFILES = {"smollm2-135m": dict(lr=3e-4, lr_scheduler="cosine", generation_size
 
 OBJECTIVE = [f.name for f in dataclasses.fields(gtpo.Objective)]      # its settings, flags of their own
 
-
-class Parser(argparse.ArgumentParser):
-    """argparse as train.py and eval.py read their flags: `--max-steps` and `--max_steps` alike (TRL's and
-    HfArgumentParser's users type hyphens), no abbreviations (`--max_step` would silently set --max_steps),
-    and a bad flag answered in one line that names the closest flag, not the whole usage."""
-
-    def __init__(self, **kw):
-        super().__init__(allow_abbrev=False, **kw)
-
-    def spelling(self, arg):
-        """--max-steps -> --max_steps, --no-one-shot -> --no-one_shot, when that is a flag; else arg as given."""
-        if not arg.startswith("--") or arg == "--":
-            return arg
-        name, eq, value = arg[2:].partition("=")
-        negated = name[:3] in ("no-", "no_") and f"--no-{name[3:].replace('-', '_')}" in self._option_string_actions
-        flag = f"--no-{name[3:].replace('-', '_')}" if negated else "--" + name.replace("-", "_")
-        return flag + eq + value if flag in self._option_string_actions else arg
-
-    def parse_known_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args([self.spelling(a) for a in args], namespace)
-
-    def error(self, message):
-        """One line on stderr and exit code 2; an unknown flag gets the closest real one."""
-        flags = [a for a in self._option_string_actions if a.startswith("--")]
-        unknown = [w for w in message.split() if w.startswith("--")] if message.startswith("unrecognized") else []
-        close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6) if unknown else []
-        hint = f"; did you mean {close[0]}?" if close else f" (see {self.prog} --help)"
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
-
-
-# the ranges a flag's value must lie in: (test, words); a value outside is refused as the command line is parsed
-POSITIVE = (lambda v: math.isfinite(v) and v > 0, "> 0")
-AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
-BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
-FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
-STEPS = (lambda v: v == -1 or v >= 1, ">= 1, or -1")
-
-
-def checked(kind, check):
-    """An argparse `type`: kind(text), refused in one line (argparse names the flag) outside check's range."""
-    test, words = check
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if not test(value):
-            raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
-        return value
-    parse.__name__ = kind.__name__                                  # argparse's own messages name the kind
-    return parse
 
 
 def flag(default, help, group="recipe", check=None, unrecorded=dataclasses.MISSING, **kw):
@@ -181,7 +127,7 @@ class Config:
     report_to: str = flag("none", "also log every row to these, comma-separated: wandb, tensorboard (events in "
                           "<output_dir>/runs), trackio (each an optional package, TRL's names) or none", group="run",
                           metavar="NAME,...")
-    # ---- held-out evaluation during the run (heldout.py: eval.py's own sampling and scoring)
+    # ---- held-out evaluation during the run (machinery/heldout.py: eval.py's own sampling and scoring)
     eval_steps: int = flag(None, "evaluate the policy on held-out problems at RL's start, every N steps and at the last "
                            "step; 0 = never [default: --save_steps where the dataset has --eval_split; never for a "
                            ".jsonl file without --eval_dataset]", group="eval", type=int, check=AT_LEAST_0)
@@ -204,7 +150,7 @@ class Config:
                         "when the memory plan finds the step fits with it, else generate]", group="memory",
                         choices=list(PATHS))
     micro_batch_size: int = flag(None, "completions per forward/backward, 0 = all [default: on CUDA the largest whose "
-                                 "estimated peak (memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
+                                 "estimated peak (speedups/memory.py) fits --memory_budget_gb; on CPU all]", group="memory",
                                  type=int, check=AT_LEAST_0)
     memory_budget_gb: float = flag(None, "GPU memory the run may use, CUDA context included [default: the "
                                    "device's total]", group="memory", type=float, check=POSITIVE)

@@ -3,12 +3,12 @@ import os
 
 import torch
 
-import runs
-from data import DataError, format_prompt, load_task
 from gtpo import kl_k3, masked_mean
-from gtpo_logprobs import sequence_logprobs
-from models import load_eval_model
+from machinery import runs
+from machinery.data import DataError, format_prompt, load_task
+from machinery.models import load_eval_model
 from rollout import rollout
+from speedups.logprobs import sequence_logprobs
 
 
 def drift(run_dir, records, example, n_samples, max_new_tokens, seed, device="cpu", steps=None):

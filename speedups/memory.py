@@ -8,7 +8,7 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
   trainable   LoRA (or all) parameters in fp32 and the optimizer's state (8-bit AdamW: 2 bytes each)
   ranks       with several ranks, DDP's gradient buckets: the gradients themselves (bucket views), but
               allocated when the model is wrapped and held through every stage, sampling included
-  sampler     with --rollout merged, the sampler's kept copy of the Linear layers (merged_rollout.py)
+  sampler     with --rollout merged, the sampler's kept copy of the Linear layers (speedups/merged_rollout.py)
   h_ini       + <H>_ini's measurement (Sec. 6, step.initial_entropy): 8 prompts sampled once each,
               then a no-grad pass over them (every layer's hidden states, one LM-head chunk)
   sampling    + the KV cache of the B x G rows over prompt + completion, the prefill's widest
@@ -16,9 +16,9 @@ estimate(config, Settings) -> {stage: bytes}, stages as the step runs them (step
   gradient    + the trainable gradients (one rank) and one micro-batch's saved activations: every
               layer's, or with checkpointing only each layer's input plus one layer recomputed in
               backward; backward's in-flight gradients (one layer's worth); the LM head's chunk
-              (gtpo_logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
+              (speedups.logprobs.ChunkedLogprobs) and its fp32 copy of the head weight
   step        the larger of sampling and gradient: a training step's peak (what measured_peak measures)
-pick_sampler(...) an evaluation's sampler on CUDA (eval.py, heldout.py): the merged copy where it fits
+pick_sampler(...) an evaluation's sampler on CUDA (eval.py, machinery/heldout.py): the merged copy where it fits
   first       with the merged sampler, what its first use adds once (at <H>_ini or step 1): one Linear's dense
               temporary while the copy is built (merged_rollout.merged_copy) and the compile and CUDA-graph
               capture of the decode step (FIRST_STEP_SHARE of the copy, from a GPU's measurement: on the CPU
@@ -98,7 +98,7 @@ def model_config(name):
         kw = dict(SHAPES[name])
         return AutoConfig.for_model(kw.pop("model_type"), **kw)
     if name == "smollm2-135m":
-        from models import embedded_model_dir
+        from machinery.models import embedded_model_dir
         name = embedded_model_dir()
     return AutoConfig.from_pretrained(name)
 
@@ -115,7 +115,7 @@ def meta_model(config, layers=None, dtype=torch.bfloat16, lora_rank=0, device="m
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
-        from models import LORA_TARGETS, quiet_peft
+        from machinery.models import LORA_TARGETS, quiet_peft
         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]
         with quiet_peft():
             model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=lora_rank, target_modules=targets))
@@ -300,7 +300,7 @@ def decide(config, s, budget_bytes, checkpointing=None):
 
 
 def choose_sampler(config, s, budget_bytes, checkpointing=None):
-    """--rollout auto on CUDA: the kept merged copy (merged_rollout.py), which samples several times as fast
+    """--rollout auto on CUDA: the kept merged copy (speedups/merged_rollout.py), which samples several times as fast
     as `generate` through 4-bit layers, when the step with the copy held, its first use included, fits
     HEADROOM of budget_bytes at the micro-batch then chosen (decide); else `generate` within the whole
     budget -> (sampler, checkpointing, micro_batch_size, estimate, why): why, one line saying what decided it."""
@@ -373,10 +373,10 @@ def measured_peak(config, s, seed=0):
 
 def _measure(config, s):
     import step
-    from models import autocast, checkpoint_activations
-    from gtpo_logprobs import PolicyPass
+    from machinery.models import autocast, checkpoint_activations
+    from speedups.logprobs import PolicyPass
     from rollout import Rollout, completion_mask, generate
-    from config import Config
+    from machinery.config import Config
     dtype = torch.bfloat16 if s.dtype_bytes == 2 else torch.float32
     model = meta_model(config, dtype=dtype, lora_rank=s.lora_rank, device="cpu")
     if s.gradient_checkpointing:
@@ -458,15 +458,15 @@ def table(name, s, budget_bytes, micro_batches=(1, 2, 4, 6, 12)):
 
 
 def pick_sampler(args, model, tok, records, example, device, log=print):
-    """An evaluation's sampler (eval.py's args): --rollout auto on CUDA: the kept merged copy (merged_rollout.py)
+    """An evaluation's sampler (eval.py's args): --rollout auto on CUDA: the kept merged copy (speedups/merged_rollout.py)
     when sampling with it held fits the device (sampling_card at this evaluation's rows and longest prompt), else
     `generate`; elsewhere rollout.resolve_path's own auto. Said in one line. With the merged copy, its decode loop
     is sized once for the most rows of a call and the longest prompt: one compiled shape for the whole evaluation."""
     cuda_auto = args.rollout == "auto" and torch.device(device).type == "cuda"
     if not (cuda_auto or args.rollout == "merged"):
         return args.rollout
-    import merged_rollout
-    from data import longest_prompt
+    from speedups import merged_rollout
+    from machinery.data import longest_prompt
     longest = longest_prompt(tok, records, example)
     rows = min(max(1, args.batch_size // args.n_samples), len(records)) * min(args.n_samples, args.batch_size)
     sampler = args.rollout

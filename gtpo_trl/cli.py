@@ -2,7 +2,7 @@
 `trl grpo` takes -- TRL's parser (TrlParser) over the script's dataset and reward arguments, GTPOConfig (every
 GRPOConfig field, and GTPO's settings under train.py's names), ModelConfig (the model, its dtype, PEFT) and
 DatasetMixtureConfig, a `--config recipe.yaml`, accelerate's launch flags -- and, as `trl grpo` does, launches the
-run through `accelerate launch`, which runs GTPOTrainer where TRL's script runs GRPOTrainer (gtpo_trl.main gives
+run through `accelerate launch`, which runs GTPOTrainer where TRL's script runs GRPOTrainer (gtpo_trl.cli.main gives
 the config and trainer classes). A refused option fails as GTPOConfig is made, before any model loads.
 
     python -m gtpo_trl --config recipe.yaml                     # docs/trl.md, "From the command line"
@@ -45,7 +45,7 @@ class GTPOScriptArguments(ScriptArguments):
 
 def paper_rewards(task):
     """The paper's reward (rewards.trl_reward) and its two parts (rewards.trl_rewards), by their names here."""
-    from data import task_name
+    from machinery.data import task_name
     from rewards import trl_reward, trl_rewards
     task = task_name(task) if task else "local"                  # "local": each answer by its reference
     fmt, accuracy = trl_rewards(task)
@@ -79,7 +79,7 @@ def task_dataset(task, splits, one_shot=False):
     and `answer`."""
     from datasets import Dataset, DatasetDict
 
-    from data import TASKS, build_messages, task_split
+    from machinery.data import TASKS, build_messages, task_split
     if task not in TASKS:
         raise ValueError(f"--task {task!r}: the dataset of a task is one of {', '.join(TASKS)}; give a file of "
                          f"your own as TRL does (`datasets:` in the recipe, or --dataset_name)")
@@ -139,9 +139,9 @@ def launched():
     return "ACCELERATE_MIXED_PRECISION" in os.environ or "RANK" in os.environ
 
 
-def command(argv, config_cls, trainer_cls, script):
+def command(argv, config_cls, trainer_cls):
     """`trl grpo`'s two halves. Here: the arguments read (--help, or a refused option, ends it before anything
-    loads), then `accelerate launch` of `script` with accelerate's flags (--num_processes, --multi_gpu,
+    loads), then `accelerate launch -m gtpo_trl` with accelerate's flags (--num_processes, --multi_gpu,
     --config_file, TRL's --accelerate_config, or a recipe's key that only accelerate knows) and the script's own.
     In a launched process: the run (a recipe's keys for accelerate left aside, as TRL's script does).
     Returns the exit code."""
@@ -163,8 +163,11 @@ def command(argv, config_cls, trainer_cls, script):
         else:
             own.append(a)
     launch = resolve_accelerate_config_argument(from_recipe + from_argv)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # where `import gtpo_trl` finds this one
+    os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if p])              # for the launched processes
     try:
-        launch_command(launch_command_parser().parse_args(launch + [os.path.abspath(script)] + own))
+        launch_command(launch_command_parser().parse_args(launch + ["-m", "gtpo_trl"] + own))
     except subprocess.CalledProcessError as e:        # the run's own error is printed above: its code, no 2nd trace
         return e.returncode
     return 0
@@ -175,3 +178,15 @@ def parser(config_cls):
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
     return TrlParser((GTPOScriptArguments, config_cls, ModelConfig, DatasetMixtureConfig), prog="python -m gtpo_trl",
                      description=__doc__.split("\n\n")[0])
+
+
+def main(argv=None):
+    """`python -m gtpo_trl` (and `gtpo-trl`): TRL's `trl grpo` command line with GTPOConfig and GTPOTrainer, launched
+    through accelerate as TRL's is; a refused option fails as the arguments are read. --example: the embedded
+    example (gtpo_trl.example.example_main)."""
+    from gtpo_trl.trainer import GTPOConfig, GTPOTrainer
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--example" in argv:
+        from gtpo_trl.example import example_main
+        return example_main([a for a in argv if a != "--example"])
+    return command(argv, GTPOConfig, GTPOTrainer)

@@ -12,7 +12,7 @@ import tempfile
 
 import torch
 
-from data import read_jsonl, write_text
+from machinery.data import read_jsonl, write_text
 
 
 class ConfigError(ValueError):

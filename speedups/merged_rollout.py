@@ -5,7 +5,7 @@ For GPUs, where `generate` through bitsandbytes 4-bit layers with LoRA beside th
 small kernels per projection and per token. One copy per policy is built at its first rollout and
 kept: every later rollout writes the merged weights into it in place (NF4 dequantized once per step,
 the current adapters merged in the sampling dtype), so its tensors keep their addresses (what the
-compiled decode step and CUDA graphs were built on) and no second copy ever exists. memory.py counts
+compiled decode step and CUDA graphs were built on) and no second copy ever exists. speedups/memory.py counts
 the copy in every stage, and its first use (build, compile, graph capture) in `first`. The decode loop
 (Decoder) keeps one static KV cache and one shape for the run, samples on the device and checks for
 the group's last EOS every CHECK_EVERY tokens, not every token as `generate` does; on CUDA its decode step
@@ -29,7 +29,7 @@ import weakref
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from cpu_decoder import lora_factors
+from speedups.cpu_decoder import lora_factors
 
 PAD_MULTIPLE = 64
 ATTENTION = "gtpo_grouped_sdpa"     # the copy's attention implementation (grouped_sdpa), as transformers knows it

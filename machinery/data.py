@@ -4,13 +4,13 @@ load_task(name, split, data_dir=None) -> list of {"question", "answer", "solutio
 where `answer` is the reference final answer and `solution` the worked solution
 (None where the dataset has none). Sources, in order:
   1. `<data_dir>/<name>/<split>.jsonl` (data_dir from the argument or $GTPO_DATA_DIR),
-     with the upstream field names -- the layout `python data.py --export DIR` writes;
+     with the upstream field names -- the layout `python -m machinery.data --export DIR` writes;
   2. the Hugging Face Hub;
   3. a path to any local *.jsonl file given as `name`.
 `arithmetic` (and `arithmetic-hard`, its larger numbers) is generated here from a seed and needs
 no file at all.
 
-    python data.py --export DIR     # writes DIR/<name>/<split>.jsonl from the Hub, for GTPO_DATA_DIR=DIR
+    python -m machinery.data --export DIR     # writes DIR/<name>/<split>.jsonl from the Hub, for GTPO_DATA_DIR=DIR
 """
 import json
 import os
@@ -269,7 +269,7 @@ def check_data_dir(data_dir):
     """data_dir itself, or DataError when it is given but is no folder (a typo would fall back to the Hub)."""
     if data_dir and not os.path.isdir(data_dir):
         raise DataError(f"data folder {data_dir!r} (--data_dir or $GTPO_DATA_DIR) does not exist; give the folder "
-                        f"that holds <dataset>/<split>.jsonl (the layout `python data.py --export DIR` writes)")
+                        f"that holds <dataset>/<split>.jsonl (the layout `python -m machinery.data --export DIR` writes)")
     return data_dir
 
 
@@ -397,7 +397,7 @@ def export(out_dir, names=None, log=print):
         raise DataError(f"--datasets: unknown {unknown}; choose from {', '.join(EXPORT)}")
     why = hub_unreachable()
     if why:
-        raise DataError(f"the Hugging Face Hub is needed to export ({why}); run `python data.py --export DIR` on a "
+        raise DataError(f"the Hugging Face Hub is needed to export ({why}); run `python -m machinery.data --export DIR` on a "
                         f"machine that reaches it and copy DIR here")
     counts = {}
     for name in names or EXPORT:

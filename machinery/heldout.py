@@ -20,8 +20,8 @@ import time
 import torch
 
 import eval as evaluate
-from data import DataError, is_local, load_task
-from runs import read_json, save_folder, save_weights, write_json
+from machinery.data import DataError, is_local, load_task
+from machinery.runs import read_json, save_folder, save_weights, write_json
 
 
 def eval_args(cfg):

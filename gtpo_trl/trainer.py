@@ -25,28 +25,23 @@ Every process makes the same model calls whatever its completions, so DeepSpeed 
 collectives. Logs gtpo/conflict_frac, gtpo/filtered_frac, gtpo/filtered_entropy, gtpo/mean_weight,
 gtpo/unscored_frac (and gtpo/h_ini with "auto") beside TRL's metrics.
 
-    python gtpo_trl.py --example                   # 20 GTPO steps of the embedded model on the arithmetic task, CPU
-    python gtpo_trl.py --example --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
-    python -m gtpo_trl --config recipe.yaml        # TRL's `trl grpo` command line (trl_cli.py), from any folder
+    python -m gtpo_trl --example                   # 20 GTPO steps of the embedded model on the arithmetic task, CPU
+    python -m gtpo_trl --example --method grpo --max_steps 5    # TRL's GRPOTrainer, same settings
+    python -m gtpo_trl --config recipe.yaml        # TRL's `trl grpo` command line (gtpo_trl/cli.py)
 """
 import dataclasses
 import json
 import logging
 import math
 import os
-import sys
 import warnings
 from typing import NamedTuple
 
 import torch
 
 import gtpo
-from data import format_prompt, task_split
-from gtpo_logprobs import UnsharedCache, sequence_logprobs
-from models import embedded_model_dir
+from speedups.logprobs import UnsharedCache, sequence_logprobs
 
-__all__ = ["GTPOConfig", "GTPOTrainer", "OPTIONS", "per_token_advantages", "embedded_model_dir", "example_dataset",
-           "example_trainer"]
 logger = logging.getLogger(__name__)
 
 # TRL 1.16 calls transformers' gradient_checkpointing names, which transformers 5 renamed (FutureWarning each)
@@ -205,7 +200,7 @@ GTPOConfig = dataclasses.make_dataclass("GTPOConfig", [
     (f.name, f.type, dataclasses.field(default=f.default, metadata={"help": f"{f.metadata['help']} "
                                                                             f"({f.metadata['where']})"}))
     for f in SETTINGS], bases=(_Checks, GRPOConfig))
-GTPOConfig.__module__ = __name__                   # TRL pickles its arguments beside each checkpoint
+GTPOConfig.__module__ = "gtpo_trl"                 # TRL pickles its arguments beside each checkpoint: the name users import
 GTPOConfig.__doc__ = ("GRPOConfig plus the objective's settings GTPO reads (gtpo.Objective), under train.py's names, "
                       "defaults and checks; a GRPOConfig option that would replace a part of GTPO is refused (OPTIONS).")
 
@@ -391,7 +386,7 @@ class GTPOTrainer(GRPOTrainer):
         """<H>_i (Sec. 4.2) of each completion under the current policy: the mean entropy of the tokens it wrote
         (own (n, T); None: every completion token). Where every process holds whole parameters, the model's cache is
         a key/value one and the prompts are text alone, the loop's pass: each prompt once for its consecutive
-        completions, the LM head in chunks (gtpo_logprobs.sequence_logprobs). Otherwise -- an engine that shards
+        completions, the LM head in chunks (speedups.logprobs.sequence_logprobs). Otherwise -- an engine that shards
         them (_shards_parameters), a model whose cache holds recurrent state (Mamba, linear attention), or prompts
         with images (MULTIMODAL: a vision-language model) -- TRL's own no-grad forward in chunks of
         per_device_train_batch_size rows, with what its loss forward sees: it gathers sharded parameters the
@@ -425,64 +420,3 @@ class GTPOTrainer(GRPOTrainer):
                                      out["completion_mask"], prompt_index=prompt_index, temperature=self.temperature)[1]
         finally:
             self.model.train(was_training)
-
-
-def example_dataset(tok, task="arithmetic", split="train"):
-    """A task's records of a split as a TRL dataset in the project's prompt format: `prompt` (App. 16.1's system
-    prompt, the task's first training record as the worked one-shot example, then not trained on) and `answer`."""
-    from datasets import Dataset
-    records, example = task_split(task, split, one_shot=True)
-    return Dataset.from_list([{"prompt": format_prompt(tok, r["question"], example), "answer": r["answer"]}
-                              for r in records])
-
-
-def example_trainer(method="gtpo", max_steps=20, output_dir="runs/gtpo-trl-smollm2-135m-arithmetic", **kw):
-    """GTPOTrainer (or, with method="grpo", TRL's GRPOTrainer with the same settings) on the embedded
-    model and the arithmetic task, offline on CPU, with the demo's recipe; kw overrides GRPOConfig fields."""
-    from models import load_model
-    from rewards import trl_reward
-    torch.manual_seed(3407)
-    model, tok, _ = load_model("smollm2-135m", lora_rank=32, device="cpu")
-    settings = dict(output_dir=output_dir, max_steps=max_steps, learning_rate=2e-4, num_generations=8,
-                    per_device_train_batch_size=8, max_completion_length=96, bf16=False, use_cpu=True,
-                    logging_steps=1, report_to="none", save_strategy="no", adam_beta1=0.999999,
-                    adam_beta2=0.999999, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="cosine",
-                    warmup_steps=0, temperature=1.0, top_k=0, seed=3407)     # TRL's warm-up starts at lr 0
-    config, trainer = {"gtpo": (GTPOConfig, GTPOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[method]
-    return trainer(model=model, processing_class=tok, reward_funcs=[trl_reward("arithmetic")],
-                   args=config(**{**settings, **kw}), train_dataset=example_dataset(tok))
-
-
-def example_main(argv=None):
-    """`python -m gtpo_trl --example`: the embedded example (example_trainer), trained and saved."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m gtpo_trl --example", allow_abbrev=False,
-                                description="GTPO through TRL's trainer on the embedded model (CPU, offline)")
-    p.add_argument("--max_steps", type=int, default=20)
-    p.add_argument("--method", choices=("gtpo", "grpo"), default="gtpo",
-                   help="grpo: TRL's GRPOTrainer with the same settings")
-    p.add_argument("--output_dir", default="runs/gtpo-trl-smollm2-135m-arithmetic")
-    p.add_argument("--max_completion_length", type=int, default=96)
-    a = p.parse_args(argv)
-    trainer = example_trainer(a.method, a.max_steps, a.output_dir, max_completion_length=a.max_completion_length)
-    trainer.train()
-    final, metrics = os.path.join(a.output_dir, "final"), os.path.join(a.output_dir, "metrics.jsonl")
-    trainer.save_model(final)                                       # the LoRA adapter and the tokenizer
-    with open(metrics, "w") as f:                                   # TRL's logged rows, one per step
-        f.writelines(json.dumps(row) + "\n" for row in trainer.state.log_history)
-    print(f"done: adapter in {final} (python eval.py --adapter {final}), metrics in {metrics}")
-
-
-def main(argv=None):
-    """`python -m gtpo_trl`: TRL's `trl grpo` command line (trl_cli.py) with GTPOConfig and GTPOTrainer, launched
-    through accelerate as TRL's is; a refused option fails as the arguments are read. --example: the embedded
-    example (example_main)."""
-    from trl_cli import command                     # installed as gtpo_trl_cli: setup.py renames the import
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--example" in argv:
-        return example_main([a for a in argv if a != "--example"])
-    return command(argv, GTPOConfig, GTPOTrainer, __file__)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ import html
 import torch
 
 import gtpo
-from data import tagged_solution
+from machinery.data import tagged_solution
 
 # count rows: any = forward OR backward span (sums to the logged n_conflict); then span x sign of A_i
 CATEGORIES = ("any", "fwd_pos", "fwd_neg", "bwd_pos", "bwd_neg")
@@ -200,7 +200,7 @@ def render_png(rows, path, width=110):
 def render(samples_path, out_dir, step=None):
     """Both renderings of one logged group -> ([out_dir/group-step<N>.html, .png], positives_note or None)."""
     import os
-    from data import read_jsonl
+    from machinery.data import read_jsonl
     rows = pick_group([r for _, r in read_jsonl(samples_path)], step)
     prefix = os.path.join(out_dir, f"group-step{rows[0]['step']}")
     render_html(rows, prefix + ".html")

@@ -16,9 +16,9 @@ import contextlib
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
-import cpu_decoder
-from cpu_decoder import lora_factors
-from gtpo_logprobs import positions
+from speedups import cpu_decoder
+from speedups.cpu_decoder import lora_factors
+from speedups.logprobs import positions
 
 
 def sample(model, ids, attn, group_size, max_new_tokens, min_new_tokens, eos, pad_id, temperature=1.0,

@@ -8,9 +8,9 @@ training curves (metrics.jsonl) and a logged GTPO group drawn like Fig. 9 (confl
 import math
 import os
 
-import conflicts
-import runs
-from data import DataError, read_jsonl
+from analysis import conflicts
+from machinery import runs
+from machinery.data import DataError, read_jsonl
 
 
 def model_label(res):
@@ -89,7 +89,7 @@ def trailing_mean(values, window):
 
 
 def held_out_axis(ax, held):
-    """The held-out evaluations (heldout.py's rows) on their own right-hand axis of the reward panel: pass@1 at
+    """The held-out evaluations (machinery/heldout.py's rows) on their own right-hand axis of the reward panel: pass@1 at
     each evaluated step, a dashed line with markers per run, labelled with its problems and samples."""
     twin = ax.twinx()
     for i, rows in enumerate(held):

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from data import hub_unreachable
+from machinery.data import hub_unreachable
 
 # bitsandbytes' CPU backend asks, at import, the `kernels` package for a faster 4-bit CPU matmul from the Hub: it
 # warns when that package is missing or fails, and `kernels` itself notes that offline it skips a trust check. Its
@@ -156,7 +156,7 @@ def autocast(model):
     autocast, so LoRA's fp32 weights meet bf16 activations, attention can take its flash kernels and
     the saved activations are bf16; with fp32 weights (CPU) nothing changes. What stays fp32 in any
     case: LoRA weights, their gradients and optimizer state, RMSNorm's own arithmetic, and the LM
-    head's logits and log-softmax (gtpo_logprobs.ChunkedLogprobs)."""
+    head's logits and log-softmax (speedups.logprobs.ChunkedLogprobs)."""
     w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding))   # any wrapper
     if w.dtype not in (torch.bfloat16, torch.float16):
         return contextlib.nullcontext()
