@@ -169,34 +169,47 @@ def probe_loss(cfg, device):
 
 
 def probe_trl(cfg, device):
-    """One gtpo_trl.example_trainer run in this process: the wall time between consecutive
-    optimizer steps, and for GTPO the seconds in what it adds (the <H>_i pass, the per-token
-    advantages). Every completion is forced to full length, so both methods do the same work.
+    """One gtpo_trl.example_trainer run in this process: the wall time between consecutive optimizer steps, and for
+    GTPO, per step, the seconds it spends outside TRL's own forwards: `added` (a pass of its own for <H>_i, lambda,
+    Eq. 6-7's shaping, their metrics) and, within it, `entropy_pass` (the pass of its own alone; 0 where <H>_i comes
+    from TRL's forwards). Every completion is forced to full length, so both methods do the same work.
     cfg["num_iterations"]: TRL's, each generation trained that many optimizer steps."""
-    from gtpo_trl import example_trainer, trainer
     from transformers import TrainerCallback
-    added = {"entropy_pass": [], "advantages": []}
 
-    def timed(fn, key):
+    from gtpo_trl import example_trainer, trainer
+    added, current, depth = {"entropy_pass": [], "added": []}, {"entropy_pass": 0.0, "added": 0.0}, [0]
+
+    def timed(fn, keys):
         def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            out = fn(*a, **kw)
-            added[key].append(time.perf_counter() - t0)
-            return out
+            if depth[0]:                                    # inside another timed call: counted there
+                return fn(*a, **kw)
+            depth[0], t0 = 1, time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                depth[0] = 0
+                for k in keys:
+                    current[k] += time.perf_counter() - t0
         return wrapper
-    trainer.GTPOTrainer._mean_entropy = timed(trainer.GTPOTrainer._mean_entropy, "entropy_pass")
-    trainer.per_token_advantages = timed(trainer.per_token_advantages, "advantages")
+    trainer.GTPOTrainer._mean_entropy = timed(trainer.GTPOTrainer._mean_entropy, ("entropy_pass", "added"))
+    trainer.GTPOTrainer._shape_in_loss = timed(trainer.GTPOTrainer._shape_in_loss, ("added",))
+    for name in ("per_token_advantages", "conflict_weights"):
+        setattr(trainer, name, timed(getattr(trainer, name), ("added",)))
     ends = []
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, *a, **kw):
             ends.append(time.perf_counter())
+            for k in added:
+                added[k].append(current[k])
+                current[k] = 0.0
     t = example_trainer(cfg["method"], cfg["steps"], cfg["out"], disable_tqdm=True,
                         generation_kwargs={"min_new_tokens": cfg["tokens"]}, max_completion_length=cfg["tokens"],
                         num_iterations=cfg.get("num_iterations", 1))
     t.add_callback(StepEnds())
     t.train()
-    return {"step_s": [b - a for a, b in zip(ends, ends[1:])], **{k: v[1:] for k, v in added.items()}}
+    return {"step_s": [b - a for a, b in zip(ends, ends[1:])], "first_entropy_pass_s": added["entropy_pass"][0],
+            **{k: v[1:] for k, v in added.items()}}
 
 
 def probe_ours(cfg, device):
@@ -292,41 +305,56 @@ def report_loss(args, res):
 
 
 def report_trl(args, res):
-    """Part 6: steps of gtpo_trl.example_trainer, GTPOTrainer against TRL's GRPOTrainer with the same settings, and
-    step.rl_step ("ours", train.py's step) on the same work; each run in a fresh process, the methods alternating
-    (the order rotated every round); medians over all steps after each run's first."""
+    """Part 6: steps of gtpo_trl.example_trainer, GTPOTrainer against TRL's GRPOTrainer with the same settings (and
+    with num_iterations=2: gtpo2 / grpo2), and step.rl_step ("ours", train.py's step) on the same work; each run in a
+    fresh process, the methods alternating (the order rotated every round). A run's figure is its mean step after
+    its first (with num_iterations=2 steps alternate with and without a generation); the part's, the median over
+    rounds with their range, and each round's GTPO / GRPO ratio."""
     import tempfile
     methods = args.trl_methods.split(",")
-    times, added = {m: [] for m in methods}, {"entropy_pass": [], "advantages": []}
+    step = {m: [] for m in methods}
+    added = {m: {"entropy_pass": [], "added": [], "first_entropy_pass": []} for m in methods if m.startswith("gtpo")}
     for r in range(args.steps):
         for method in methods[r % len(methods):] + methods[:r % len(methods)]:
             with tempfile.TemporaryDirectory() as out:
                 cfg = {"method": method.rstrip("2"), "steps": args.trl_steps, "tokens": args.new_tokens, "out": out,
                        "num_iterations": 2 if method.endswith("2") else 1}
                 got = in_child("ours" if method == "ours" else "trl", cfg, "cpu")
-            times[method] += got["step_s"]
-            for k in added if method == "gtpo" else ():
-                added[k] += got[k]
+            step[method].append(statistics.mean(got["step_s"]))
+            for k in added.get(method, ()):
+                added[method][k].append(got["first_entropy_pass_s"] if k == "first_entropy_pass"
+                                        else statistics.mean(got[k]))
             print(f"  round {r} {method}: steps {' '.join(f'{x:.2f}' for x in got['step_s'])} s", file=sys.stderr)
-    med = {m: statistics.median(v) for m, v in times.items()}
-    mean = {m: statistics.mean(v) for m, v in times.items()}
-    part = {"median_step_s": med, "mean_step_s": mean, "steps_timed": {m: len(v) for m, v in times.items()},
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            **{f"gtpo_{k}_s": statistics.median(v) for k, v in added.items() if v}}
+    med = {m: statistics.median(v) for m, v in step.items()}
+    part = {"median_step_s": med, "range_step_s": {m: [min(v), max(v)] for m, v in step.items()}, "rounds": args.steps,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    for m, parts in added.items():
+        for k, v in parts.items():
+            part[f"{m}_{k}_s"] = statistics.median(v)
+        part[f"{m}_added_share"] = statistics.median(a / s_ for a, s_ in zip(parts["added"], step[m]))
     names = {"grpo": "GRPOTrainer", "gtpo": "GTPOTrainer", "ours": "step.rl_step", "grpo2": "GRPOTrainer "
              "num_iterations=2", "gtpo2": "GTPOTrainer num_iterations=2"}
-    print(f"\n6. TRL, embedded model, 8 completions x {args.new_tokens} tokens per step ({args.steps} runs of "
-          f"{args.trl_steps} steps per method, medians of the steps after each run's first, seconds; "
-          f"{part['cpu_capability']})")
-    print("   " + "   ".join(f"{names[m]} {med[m]:.2f}" for m in methods))
-    if "gtpo" in med and "grpo" in med:
-        part["overhead"] = med["gtpo"] / med["grpo"] - 1
-        print(f"   GTPOTrainer over GRPOTrainer {part['overhead']:+.1%}; in GTPO's step: "
-              + ", ".join(f"{k} {part[f'gtpo_{k}_s']:.3f}" for k in added if f"gtpo_{k}_s" in part))
-    for m in ("grpo", "gtpo"):     # a generation serves two steps: their mean, as steps alternate with and without one
-        if m in mean and m + "2" in mean:
-            part[f"{m}_iterations_2_over_1"] = mean[m + "2"] / mean[m]
-            print(f"   {names[m]} num_iterations=2 / 1, mean step: {mean[m + '2']:.2f} / {mean[m]:.2f} s = "
+    print(f"\n6. TRL, embedded model, 8 completions x {args.new_tokens} tokens per step ({args.steps} rounds of "
+          f"{args.trl_steps}-step runs per method, each run's mean step after its first; median over rounds "
+          f"[range], seconds; {part['cpu_capability']})")
+    print("   " + "   ".join(f"{names[m]} {med[m]:.2f} [{min(step[m]):.2f}-{max(step[m]):.2f}]" for m in methods))
+    for g in ("gtpo", "gtpo2"):
+        b = "grpo" + g[4:]
+        if g in step and b in step:
+            ratios = [x / y for x, y in zip(step[g], step[b])]              # paired by round
+            part[f"{g}_over_{b}"] = statistics.median(ratios)
+            part[f"{g}_over_{b}_range"] = [min(ratios), max(ratios)]
+            print(f"   {names[g]} / {names[b]} {part[f'{g}_over_{b}']:.3f} [{min(ratios):.3f}-{max(ratios):.3f}]; "
+                  f"GTPO outside TRL's forwards {part[f'{g}_added_s']:.3f} s a step "
+                  f"({100 * part[f'{g}_added_share']:.2f} % of it), of which a pass of its own for <H>_i "
+                  f"{part[f'{g}_entropy_pass_s']:.3f} s; the first step's <H>_ini pass "
+                  f"{part[f'{g}_first_entropy_pass_s']:.2f} s, once a run")
+    if "gtpo" in step and "grpo" in step:
+        part["overhead"] = part["gtpo_over_grpo"] - 1
+    for m in ("grpo", "gtpo"):
+        if m in med and m + "2" in med:
+            part[f"{m}_iterations_2_over_1"] = med[m + "2"] / med[m]
+            print(f"   {names[m]} num_iterations=2 / 1, mean step: {med[m + '2']:.2f} / {med[m]:.2f} s = "
                   f"{part[f'{m}_iterations_2_over_1']:.3f}")
     if "ours" in med and "grpo" in med:
         part["ours_over_grpo_trainer"] = med["ours"] / med["grpo"]

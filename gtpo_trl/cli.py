@@ -90,13 +90,19 @@ def task_dataset(task, splits, one_shot=False):
 
 
 def check(script_args, model_args, dataset_args):
-    """A model and a dataset are named, or a ValueError says how to name them."""
+    """A model that resolves and a dataset are named, or a ValueError (machinery.models.ModelError) says how to name
+    them. The model: an alias of train.py's (smollm2-135m, the embedded model, offline; llama-8b, ...), a folder, or a
+    Hub id, found in the local cache when the Hub cannot be reached; model_args then names what was found."""
+    from machinery.models import resolve
     if not model_args.model_name_or_path:
-        raise ValueError("no model: give --model_name_or_path (a Hub id or a folder), or `model_name_or_path:` in "
-                         "the --config recipe")
+        raise ValueError("no model: give --model_name_or_path (an alias such as smollm2-135m, a Hub id or a folder), "
+                         "or `model_name_or_path:` in the --config recipe")
     if not (dataset_args.datasets or script_args.dataset_name or script_args.task):
         raise ValueError("no dataset: give --dataset_name, `datasets:` in the --config recipe, or --task (a built-in "
                          "task in the paper's prompt, e.g. --task gsm8k)")
+    model_args.model_name_or_path = resolve(model_args.model_name_or_path, flag="--model_name_or_path")[0]
+    if script_args.task and not (dataset_args.datasets or script_args.dataset_name):
+        task_dataset(script_args.task, [script_args.dataset_train_split])        # its file, read now (a DataError)
 
 
 def run(script_args, training_args, model_args, dataset_args, trainer_cls):
@@ -149,11 +155,14 @@ def command(argv, config_cls, trainer_cls):
     if launched():
         run(*args.parse_args_and_config(argv, fail_with_unknown_args=False), trainer_cls=trainer_cls)
         return 0
+    argv, note = float32_without_bf16(argv)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
     script_args, _, model_args, dataset_args, from_recipe, from_argv = args.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True)
     check(script_args, model_args, dataset_args)
+    if note:
+        print(note, file=sys.stderr)
     rest = iter(from_argv)
     wanted = next(rest, None)
     own = []                                            # argv less accelerate's flags, each in its place
@@ -173,20 +182,50 @@ def command(argv, config_cls, trainer_cls):
     return 0
 
 
+def float32_without_bf16(argv):
+    """(argv, a line to say or None): `--bf16 false` added where neither argv nor its recipe sets bf16 and the machine
+    has no bf16 GPU: GRPOConfig defaults bf16 on, which transformers refuses there; float32 is what train.py runs on a
+    CPU."""
+    from transformers.utils import is_torch_bf16_gpu_available
+    recipe = {}
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        import yaml
+        with open(argv[argv.index("--config") + 1]) as f:
+            recipe = yaml.safe_load(f) or {}
+    given = any(a == "--bf16" or a.startswith("--bf16=") for a in argv) or "bf16" in recipe
+    if given or is_torch_bf16_gpu_available():
+        return argv, None
+    return argv + ["--bf16", "false"], "note: no bf16 GPU here: --bf16 false (float32, as train.py on a CPU)"
+
+
 def parser(config_cls):
     """TRL's GRPO script's parser with config_cls (gtpo_trl.GTPOConfig) where it has GRPOConfig."""
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
     return TrlParser((GTPOScriptArguments, config_cls, ModelConfig, DatasetMixtureConfig), prog="python -m gtpo_trl",
-                     description=__doc__.split("\n\n")[0])
+                     description=__doc__.split("\n\n")[0], epilog=EXAMPLE)
+
+
+EXAMPLE = ("python -m gtpo_trl --example [--max_steps N] [--method grpo] [--output_dir DIR]: the embedded SmolLM2-135M "
+           "through GTPOTrainer (or TRL's GRPOTrainer) on the arithmetic task, offline on a CPU, 20 steps; its adapter "
+           "is what eval.py --adapter reads (docs/trl.md)")
 
 
 def main(argv=None):
     """`python -m gtpo_trl` (and `gtpo-trl`): TRL's `trl grpo` command line with GTPOConfig and GTPOTrainer, launched
     through accelerate as TRL's is; a refused option fails as the arguments are read. --example: the embedded
     example (gtpo_trl.example.example_main)."""
-    from gtpo_trl.trainer import GTPOConfig, GTPOTrainer
+    from gtpo_trl.config import GTPOConfig
+    from gtpo_trl.trainer import GTPOTrainer
+    from machinery.data import DataError
+    from machinery.models import ModelError
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--example" in argv:
         from gtpo_trl.example import example_main
         return example_main([a for a in argv if a != "--example"])
-    return command(argv, GTPOConfig, GTPOTrainer)
+    if launched():                                      # the run's own errors: its traceback, its exit code
+        return command(argv, GTPOConfig, GTPOTrainer)
+    try:
+        return command(argv, GTPOConfig, GTPOTrainer)
+    except (ValueError, ModelError, DataError, OSError) as e:   # refused before anything launched: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -7,7 +7,8 @@ import os
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from gtpo_trl.trainer import GTPOConfig, GTPOTrainer
+from gtpo_trl.config import GTPOConfig
+from gtpo_trl.trainer import GTPOTrainer
 from machinery.data import format_prompt, task_split
 
 

@@ -248,14 +248,18 @@ def _from_hub(name, split):
     return rows
 
 
+def hub_offline():
+    """Whether HF_HUB_OFFLINE tells the Hugging Face libraries to use their cache alone."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
 def hub_unreachable(timeout=3.0):
     """Why the Hugging Face Hub cannot be reached, or None. One plain TCP connection, so an offline
     machine fails in seconds instead of after ~40 s of retries. Not checked (None) when
     HF_HUB_OFFLINE is set (the libraries then use their cache at once) or behind an HTTPS proxy."""
     import socket
     from urllib.parse import urlparse
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
-            os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+    if hub_offline() or os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
         return None
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     try:

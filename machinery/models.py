@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from machinery.data import hub_unreachable
+from machinery.data import hub_offline, hub_unreachable
 
 # bitsandbytes' CPU backend asks, at import, the `kernels` package for a faster 4-bit CPU matmul from the Hub: it
 # warns when that package is missing or fails, and `kernels` itself notes that offline it skips a trust check. Its
@@ -83,11 +83,11 @@ def embedded_model_dir():
     return cache
 
 
-def resolve(name):
-    """Alias, local folder or Hub id -> (path or id, default LoRA rank)."""
+def resolve(name, flag="--model"):
+    """Alias, local folder or Hub id -> (path or id, default LoRA rank); flag: the option that named it, for errors."""
     if name in ALIASES:
         where, rank = ALIASES[name]
-        return (embedded_model_dir() if where == "embedded" else hub_or_cache(where)), rank
+        return (embedded_model_dir() if where == "embedded" else hub_or_cache(where, flag)), rank
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelError(f"model folder {name!r} has no config.json; give a transformers model folder")
@@ -95,13 +95,13 @@ def resolve(name):
     if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         raise ModelError(f"unknown model {name!r}: use an alias ({', '.join(ALIASES)}), "
                          f"a local transformers folder, or a Hub id such as Qwen/Qwen2.5-3B-Instruct")
-    return hub_or_cache(name), 64
+    return hub_or_cache(name, flag), 64
 
 
-def hub_or_cache(repo):
-    """A Hub id when the Hub answers; else its local copy in the Hugging Face cache; else a clear
-    error at once (instead of ~40 s of connection retries)."""
-    why = hub_unreachable()
+def hub_or_cache(repo, flag="--model"):
+    """A Hub id when the Hub answers; else (unreachable, or HF_HUB_OFFLINE set) its local copy in the Hugging Face
+    cache; else a clear error at once (instead of ~40 s of connection retries, or a loader's traceback)."""
+    why = "HF_HUB_OFFLINE is set" if hub_offline() else hub_unreachable()
     if why is None:
         return repo
     from huggingface_hub import try_to_load_from_cache
@@ -110,7 +110,7 @@ def hub_or_cache(repo):
         return os.path.dirname(cached)
     raise ModelError(f"model {repo!r} is not in the local Hugging Face cache and the Hub cannot be reached "
                      f"({why}). Download it on a machine with network access (hf download {repo}) "
-                     f"and copy the folder here, then pass it with --model FOLDER")
+                     f"and copy the folder here, then pass it with {flag} FOLDER")
 
 
 def load_tokenizer(path):

@@ -179,8 +179,8 @@ def test_flat_group_gives_no_conflicts_and_zero_advantage():
 def _one_generation(model_dir, out, steps=1, **kw):
     """GTPOTrainer on the tiny model for `steps` optimizer steps of one generation batch (2 prompts x
     G = 8, top-k 2 so that completions share spans, a reward that varies within groups) -> ({row key:
-    [per-token advantages of the first generation batch]}, {row key: [as _compute_loss received
-    them]}); a key (prompt, completion) can repeat."""
+    [its lambda_{i,t} over the whole group, from the first generation batch]}, {row key: [the per-token advantages
+    TRL's loss read, shaped there with <H>_i from its forward]}); a key (prompt, completion) can repeat."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -197,14 +197,15 @@ def _one_generation(model_dir, out, steps=1, **kw):
             if not generated:
                 for i in range(len(out_["completion_ids"])):
                     k = key(out_, i)
-                    generated.setdefault(k, []).append(out_["advantages"][i, :len(k[1])].tolist())
+                    generated.setdefault(k, []).append(out_["gtpo_weights"][i, :len(k[1])].tolist())
             return out_
 
-        def _compute_loss(self, model, inputs):
+        def _shape_in_loss(self, entropies):
+            super()._shape_in_loss(entropies)
+            given, inputs = self._in_loss[:2]
             for i in range(len(inputs["completion_ids"])):
                 k = key(inputs, i)
-                seen.setdefault(k, []).append(inputs["advantages"][i, :len(k[1])].tolist())
-            return super()._compute_loss(model, inputs)
+                seen.setdefault(k, []).append(given["advantages"][i, :len(k[1])].tolist())
 
     ds = Dataset.from_list([{"prompt": "one two three"}, {"prompt": "four five six seven"}] * 4)
     args = GTPOConfig(output_dir=str(out), num_generations=8, max_completion_length=6, max_steps=steps, bf16=False,
@@ -217,18 +218,21 @@ def _one_generation(model_dir, out, steps=1, **kw):
 
 def test_micro_batches_and_accumulation_carry_each_rows_advantages(tmp_path, tiny_model_dir):
     """TRL shuffles a generation batch and splits it into micro-batches (gradient accumulation,
-    steps_per_generation): every row reaches the loss with the per-token advantages computed over
-    its whole group, the same as with one micro-batch."""
+    steps_per_generation): every row reaches the loss with its lambda_{i,t} computed over its whole group and its
+    A_i shaped there with <H>_i from the loss forward, the same as with one micro-batch (to float rounding: the
+    forward's batch differs)."""
     one, seen1 = _one_generation(tiny_model_dir, tmp_path / "a", per_device_train_batch_size=16)
-    assert sum(map(len, one.values())) == 16
-    one = {k: sorted(v) for k, v in one.items()}
-    assert {k: sorted(v) for k, v in seen1.items()} == one
-    assert any(len(set(a)) > 1 for rows in one.values() for a in rows)   # conflict-weighted tokens in some row
+    assert sum(map(len, one.values())) == 16 and sum(map(len, seen1.values())) == 16
+    assert any(len(set(w)) > 1 for rows in one.values() for w in rows)   # conflict-weighted tokens in some row
+    assert any(len(set(a)) > 1 for rows in seen1.values() for a in rows)
     for name, kw, steps in [("ga", dict(per_device_train_batch_size=8, gradient_accumulation_steps=2), 1),
                             ("ga4", dict(per_device_train_batch_size=4, gradient_accumulation_steps=4), 1)]:
         gen, seen = _one_generation(tiny_model_dir, tmp_path / name, steps, **kw)
-        assert gen.keys() == one.keys(), name                          # the same completions were sampled
-        assert {k: sorted(v) for k, v in seen.items()} == one, name
+        assert {k: sorted(v) for k, v in gen.items()} == {k: sorted(v) for k, v in one.items()}, name   # the same
+        assert seen.keys() == seen1.keys(), name                       # completions and lambda
+        for k in seen1:
+            torch.testing.assert_close(torch.tensor(sorted(seen[k])), torch.tensor(sorted(seen1[k])), rtol=1e-5,
+                                       atol=1e-6, msg=name)
 
 
 def test_added_fields_are_the_settings_gtpo_reads(tmp_path):
@@ -252,7 +256,7 @@ def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, ti
 
     class Watching(GTPOTrainer):
         def _filter_mode(self, all_h, mode):
-            seen.append((self._h_ini, all_h.mean().item()))
+            seen.append((self._h_ini, None if all_h is None else all_h.mean().item()))
             return super()._filter_mode(all_h, mode)
 
     def trainer(steps):
@@ -272,7 +276,7 @@ def test_h_ini_is_saved_with_trls_checkpoint_and_restored_on_resume(tmp_path, ti
     seen.clear()
     resumed = trainer(2)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
-    assert len(seen) == 1 and seen[0][0] == h_ini and seen[0][1] != pytest.approx(h_ini)   # not re-measured
+    assert seen == [(h_ini, None)]                                     # not measured again: no <H>_i pass at all
 
 
 def _two_process_worker(model_dir, out):
@@ -365,3 +369,50 @@ def test_an_eval_dataset_logs_the_held_out_share_correct_under_trls_names(tmp_pa
     assert [r["step"] for r in evals] == [1]
     assert all(0.0 <= r["eval_rewards/accuracy_reward/mean"] <= 10.0 and "eval_rewards/format_reward/mean" in r
                for r in evals)
+
+
+@pytest.mark.parametrize("iterations, filt, passes", [(1, "off", 0), (1, "auto", 1), (2, "auto", 0)])
+def test_h_i_comes_from_a_forward_trl_makes_anyway(tmp_path, tiny_model_dir, iterations, filt, passes):
+    """<H>_i without a pass of its own: at one iteration from the loss forward (the advantages shaped in the loss),
+    with num_iterations=2 from TRL's old-log-probability forward; a pass of its own only for the first batch's
+    <H>_ini under "auto" when TRL makes no such forward. Each <H>_i used equals the separate pass's on the same
+    completions and weights (the policy that sampled them), to float rounding."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    used, own_pass = [], []
+
+    class Watching(GTPOTrainer):
+        def _mean_entropy(self, out, own=None):
+            own_pass.append(1)
+            return super()._mean_entropy(out, own)
+
+        def _shape_in_loss(self, entropies):
+            super()._shape_in_loss(entropies)
+            inputs, own = self._in_loss[1], self._in_loss[2]
+            used.append((gtpo.masked_mean(entropies.detach(), own, dim=1), super()._mean_entropy(inputs, own)))
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self._scored_h is not None:
+                used.append((self._scored_h, super()._mean_entropy(out)))
+            return out
+
+        _scored_h = None
+
+        def _get_per_token_logps_and_entropies(self, *a, **kw):
+            scoring = self._keep_scoring
+            got = super()._get_per_token_logps_and_entropies(*a, **kw)
+            if scoring:
+                self._scored_h = gtpo.masked_mean(self._scored.float(), a[2][:, -a[3]:], dim=1)
+            return got
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    args = GTPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, max_completion_length=6,
+                      max_steps=2 * iterations, num_iterations=iterations, bf16=False, use_cpu=True, report_to="none",
+                      save_strategy="no", seed=0, disable_tqdm=True, entropy_filter=filt, learning_rate=0.05, top_k=2)
+    reward = lambda completions, **_: [float(len(c) % 2) for c in completions]   # noqa: E731
+    Watching(model=model, processing_class=load_tokenizer(tiny_model_dir), reward_funcs=[reward], args=args,
+             train_dataset=Dataset.from_list([{"prompt": "one two three"}] * 8)).train()
+    assert len(own_pass) == passes and len(used) == 2 - passes
+    for h, separate in used:
+        torch.testing.assert_close(h, separate, atol=1e-4, rtol=1e-4)

@@ -82,25 +82,27 @@ def test_the_papers_recipe_is_train_pys_paper_run(tmp_path):
     assert t.objective() == cfg.objective
 
 
-def test_refused_option_fails_before_any_model_loads(tmp_path):
-    """TRL's entropy bonus in the recipe is refused with GTPOConfig's text while the arguments are parsed: the
-    model named does not exist, so any attempt to load it would fail otherwise."""
+def test_refused_option_fails_before_any_model_loads(tmp_path, capsys):
+    """TRL's entropy bonus in the recipe is refused with GTPOConfig's text while the arguments are parsed, in one
+    line and exit code 2: the model named does not exist, so any attempt to load it would fail otherwise."""
     recipe = _recipe(tmp_path, str(tmp_path / "no-such-model"), entropy_coef=0.01)
-    with pytest.raises(ValueError, match=r"^GTPOConfig: entropy_coef=0.01 replaces .* which GTPO defines; use 0.0"):
-        gtpo_trl.main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert gtpo_trl.main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: GTPOConfig: entropy_coef=0.01 replaces ")
     assert not (tmp_path / "out").exists()
 
 
-def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_path, monkeypatch):
+def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_path, tiny_model_dir, monkeypatch,
+                                                                       capsys):
     """As `trl grpo`: accelerate's flags from the command line and a recipe key only accelerate knows go to
     `accelerate launch -m gtpo_trl` (this package, found through PYTHONPATH from any folder) with the other arguments
-    in their order; a flag neither knows, a
-    missing dataset or model, is refused before anything launches."""
+    in their order; a flag neither knows, a missing dataset or model, is refused before anything launches, in one
+    line and exit code 2."""
     for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
         monkeypatch.delenv(name, raising=False)
     launched = []
     monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
-    recipe = _recipe(tmp_path, "m", num_processes=2)
+    recipe = _recipe(tmp_path, tiny_model_dir, num_processes=2)
     gtpo_trl.main(["--config", str(recipe), "--multi_gpu", "--max_steps", "3", "--main_process_port", "29555",
                    "--ent_gamma", "0"])
     (args,) = launched
@@ -111,21 +113,74 @@ def test_accelerates_flags_go_to_its_launcher_and_the_rest_to_the_script(tmp_pat
     assert args.training_script_args == ["--config", str(recipe), "--max_steps", "3", "--ent_gamma", "0"]
     with pytest.raises(SystemExit):
         gtpo_trl.main(["--config", str(recipe), "--no_such_flag", "1"])
-    with pytest.raises(ValueError, match="^no dataset: give --dataset_name"):
-        gtpo_trl.main(["--model_name_or_path", "m", "--output_dir", str(tmp_path / "out"), "--use_cpu"])
-    with pytest.raises(ValueError, match="^no model: give --model_name_or_path"):
-        gtpo_trl.main(["--task", "gsm8k", "--output_dir", str(tmp_path / "out"), "--use_cpu"])
+    capsys.readouterr()
+    for argv, said in ((["--model_name_or_path", tiny_model_dir, "--use_cpu"], "error: no dataset: give --dataset_name"),
+                       (["--task", "gsm8k", "--use_cpu"], "error: no model: give --model_name_or_path")):
+        assert gtpo_trl.main(argv + ["--output_dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(said), err
     assert len(launched) == 1
 
 
-def test_a_failed_run_gives_its_exit_code_without_a_second_traceback(tmp_path, monkeypatch):
+def test_a_cpus_first_tries_run_or_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """What a new user types first on a CPU: no model at all, a model the machine cannot reach offline, a task whose
+    file is missing -- each refused before anything launches, in one line naming what was looked for, exit code 2;
+    the project's alias smollm2-135m resolves to the embedded model; GRPOConfig's bf16 default becomes float32 on a
+    machine without a bf16 GPU, said in one line, unless bf16 is given; --help names --example."""
+    for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GTPO_DATA_DIR", str(tmp_path))                 # an empty data folder: gsm8k is not there
+    launched = []
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
+    out = ["--output_dir", str(tmp_path / "out")]
+    for argv, said in ((["--max_steps", "1"], "error: no model: give --model_name_or_path"),
+                       (["--model_name_or_path", "meta-llama/Llama-3.1-8B-Instruct", "--task", "arithmetic"],
+                        "error: model 'meta-llama/Llama-3.1-8B-Instruct' is not in the local Hugging Face cache"),
+                       (["--model_name_or_path", "smollm2-135m", "--task", "gsm8k"],
+                        "error: dataset 'gsm8k' split 'train' is not available")):
+        assert gtpo_trl.main(argv + out) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(said), err
+    assert not launched
+    assert gtpo_trl.main(["--model_name_or_path", "smollm2-135m", "--task", "arithmetic"] + out) == 0
+    (args,) = launched
+    from transformers.utils import is_torch_bf16_gpu_available
+    if not is_torch_bf16_gpu_available():
+        assert args.training_script_args[-2:] == ["--bf16", "false"]
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("note: no bf16 GPU here: --bf16 false")
+        gtpo_trl.main(["--model_name_or_path", "smollm2-135m", "--task", "arithmetic", "--bf16", "false"] + out)
+        assert launched[-1].training_script_args.count("--bf16") == 1                 # given: kept, none added
+    with pytest.raises(SystemExit):
+        gtpo_trl.main(["--help"])
+    assert "python -m gtpo_trl --example" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_the_cpu_one_liner_of_docs_trl_md_runs_as_written(tmp_path):
+    """docs/trl.md "From the command line": the CPU one-liner, run as written from a folder of its own (the clone on
+    PYTHONPATH, as `pip install .[trl]` would put it): it launches, trains its steps and saves the adapter."""
+    pytest.importorskip("peft")
+    text = open(os.path.join(HERE, "docs", "trl.md")).read()
+    block = text[text.index("On a CPU, offline"):].split("```bash\n", 1)[1].split("```", 1)[0]
+    command = " ".join(block.replace("\\\n", " ").split("#")[0].split())
+    assert command.startswith("python -m gtpo_trl --model_name_or_path smollm2-135m")
+    r = subprocess.run(["bash", "-c", command.replace("python ", f"{sys.executable} ", 1)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=1500,
+                       env={**ENV, "PYTHONPATH": HERE, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / command.split("--output_dir ")[1].split()[0]
+    assert (out / "adapter_config.json").is_file() and "done: model saved to" in r.stdout
+
+
+def test_a_failed_run_gives_its_exit_code_without_a_second_traceback(tmp_path, tiny_model_dir, monkeypatch):
     for name in ("RANK", "ACCELERATE_MIXED_PRECISION"):
         monkeypatch.delenv(name, raising=False)
 
     def fails(args):
         raise subprocess.CalledProcessError(3, ["python", args.training_script])
     monkeypatch.setattr("accelerate.commands.launch.launch_command", fails)
-    assert gtpo_trl.main(["--config", str(_recipe(tmp_path, "m"))]) == 3
+    assert gtpo_trl.main(["--config", str(_recipe(tmp_path, tiny_model_dir))]) == 3
 
 
 def test_task_is_train_pys_prompts_as_conversational_rows():

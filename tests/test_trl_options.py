@@ -1,4 +1,4 @@
-"""GRPOConfig's options under GTPOTrainer, as gtpo_trl.trainer.OPTIONS declares them (skipped without TRL): each that
+"""GRPOConfig's options under GTPOTrainer, as gtpo_trl.config.OPTIONS declares them (skipped without TRL): each that
 composes gives GRPOTrainer's losses and gradients with GTPO's own parts off, and other ones with them on; each
 refused value raises naming the part of GTPO it would replace; no option is accepted and ignored. Then what a TRL
 user passes beside the config: no args, a GRPOConfig, tool output, vLLM's importance sampling, a mixture of experts,
@@ -21,8 +21,10 @@ pytest.importorskip("trl", reason="needs TRL, an optional extra: pip install -r 
 from trl import GRPOConfig, GRPOTrainer                                # noqa: E402
 
 import gtpo                                                            # noqa: E402
+from gtpo_trl import config as gtpo_config                              # noqa: E402
 from gtpo_trl import trainer as gtpo_trainer                            # noqa: E402
-from gtpo_trl.trainer import OPTIONS, OUTSIDE_THE_LOSS, GTPOConfig, GTPOTrainer   # noqa: E402
+from gtpo_trl.config import OPTIONS, OUTSIDE_THE_LOSS, GTPOConfig              # noqa: E402
+from gtpo_trl.trainer import GTPOTrainer                                       # noqa: E402
 from machinery import models                                                          # noqa: E402
 
 load_tokenizer = functools.lru_cache(models.load_tokenizer)            # one tokenizer for the many runs
@@ -153,7 +155,7 @@ REFUSED = [("loss_type", "cispo"), ("loss_type", "sapo"), ("loss_type", "vespo")
 @pytest.mark.parametrize("name,value", REFUSED)
 def test_refused_option_names_the_part_it_replaces(tmp_path, name, value):
     part = OPTIONS[name].replaces
-    assert part in (gtpo_trainer.SURROGATE, gtpo_trainer.ENTROPY)
+    assert part in (gtpo_config.SURROGATE, gtpo_config.ENTROPY)
     with pytest.raises(ValueError) as e:
         GTPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **{name: value})
     assert str(e.value).startswith(f"GTPOConfig: {name}={value!r} replaces {part}, which GTPO defines; use ")

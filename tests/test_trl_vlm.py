@@ -14,7 +14,8 @@ from PIL import Image                                                  # noqa: E
 from trl import GRPOConfig, GRPOTrainer                                # noqa: E402
 
 import gtpo                                                            # noqa: E402
-from gtpo_trl.trainer import MULTIMODAL, GTPOConfig, GTPOTrainer               # noqa: E402
+from gtpo_trl import GTPOConfig
+from gtpo_trl.trainer import MULTIMODAL, GTPOTrainer               # noqa: E402
 from machinery.models import embedded_model_dir                                  # noqa: E402
 
 G = 4
