@@ -33,8 +33,10 @@
 6. trl        (only with --parts trl; needs TRL) gtpo_trl.GTPOTrainer against TRL's GRPOTrainer with the
               same settings (gtpo_trl.example_trainer, 8 completions forced to --new_tokens), and
               step.rl_step with the embedded model's defaults on the same work, a fresh process per run,
-              alternating; median step times, our step over GRPOTrainer's, GTPO's overhead and where it goes;
-              with gtpo2 / grpo2 in --trl_methods, num_iterations=2 against 1 (mean step times).
+              alternating; each run's mean step after its first, the median over rounds with their range,
+              GTPO / GRPO paired by round, and the seconds GTPO spends outside TRL's forwards
+              (gtpo_added_s; within it gtpo_entropy_pass_s, a pass of its own for <H>_i, 0 where none runs);
+              with gtpo2 / grpo2 in --trl_methods, the same at num_iterations=2.
 
 9. heldout    (only with --parts heldout) what train.py's held-out evaluation adds: the demo as it runs, and
               the paper profile's evaluation against G = 12 steps (bench/heldout.py).

@@ -120,7 +120,8 @@ PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.pa
 OTHER_TOOLS = {"index_url", "no_deps", "nproc_per_node", "num_processes", "config_file", "help", "nnodes",
                "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank", "num_machines", "machine_rank",
                "main_process_ip", "main_process_port", "mixed_precision", "multi_gpu", "accelerate_config",
-               "per_device_train_batch_size", "eval_strategy",   # GRPOConfig's, which python -m gtpo_trl takes
+               "per_device_train_batch_size", "eval_strategy", "logging_steps",   # GRPOConfig's (python -m gtpo_trl)
+               "lora_target_modules",                                            # TRL's ModelConfig
                "max_step"}          # pip's, torchrun's, accelerate's, TRL's; --max_step: training.md's refused abbreviation
 
 

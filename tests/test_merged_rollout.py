@@ -7,7 +7,7 @@ import torch
 from conftest import assert_draws_match
 from machinery.models import load_model
 from rollout import rollout
-from speedups import merged_rollout
+from speedups import memory_plan, merged_rollout
 from speedups.memory import pick_sampler
 
 
@@ -125,7 +125,7 @@ def test_the_merged_copy_is_kept_and_refreshed_in_place_with_compile_on(tiny_mod
 
 
 def test_auto_on_cuda_takes_the_merged_copy_when_the_budget_holds_it(tiny_model_dir):
-    """--rollout auto on CUDA (train.plan_memory; --memory_budget_gb given, so no device is queried): the
+    """--rollout auto on CUDA (memory_plan.plan_memory; --memory_budget_gb given, so no device is queried): the
     merged copy when the step fits with it held at some micro-batch, `generate` when only the step without
     it fits; the choice is one line and the memory line counts the copy only when it is taken."""
     import dataclasses
@@ -142,12 +142,12 @@ def test_auto_on_cuda_takes_the_merged_copy_when_the_budget_holds_it(tiny_model_
     assert need["merged"] > need["generate"]
     for budget, want in ((2e9, "merged"), ((need["merged"] + need["generate"]) / 2, "generate")):
         cfg, lines = parse_args(argv + ["--memory_budget_gb", str(budget / 1e9)]), []
-        cfg = train.plan_memory(cfg, load_model(tiny_model_dir, lora_rank=4)[0], 100, "cuda", lines.append)
+        cfg = memory_plan.plan_memory(cfg, load_model(tiny_model_dir, lora_rank=4)[0], 100, "cuda", lines.append)
         assert cfg.rollout == want and lines[0].startswith(f"sampler: {want} (--rollout auto: ")
         assert ("sampler " in lines[1]) == (want == "merged") and lines[1].startswith("memory: estimated")
     forced = parse_args(argv + ["--memory_budget_gb", str(need["generate"] / 2e9), "--rollout", "merged"])
     with pytest.raises(Exception, match="does not fit"):
-        train.plan_memory(forced, model, 100, "cuda", [].append)
+        memory_plan.plan_memory(forced, model, 100, "cuda", [].append)
 
 
 @pytest.mark.slow                                  # real runs in this process or a child: the slow tier
@@ -158,7 +158,7 @@ def test_a_run_through_the_auto_choice_equals_a_forced_merged_run(tiny_args, tmp
     import json
     import train
     monkeypatch.setattr(merged_rollout, "compile_options", _compiled)
-    monkeypatch.setattr(train, "on_cuda", lambda device: True)
+    monkeypatch.setattr(memory_plan, "on_cuda", lambda device: True)
     rows = {}
     for path in ("auto", "merged"):
         out = tmp_path / path

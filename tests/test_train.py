@@ -11,6 +11,7 @@ import gtpo
 import rewards
 import step
 import train
+from speedups import memory_plan
 from conftest import HERE, grads
 from machinery import data
 from machinery.models import load_tokenizer
@@ -541,7 +542,7 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     assert cfg.micro_batch_size is None and cfg.gradient_checkpointing is None and cfg.share_prompt
     model, _, _ = load_model(tiny_model_dir, lora_rank=4)
     lines = []
-    cfg = train.plan_memory(cfg, model, 100, "cuda", lines.append)
+    cfg = memory_plan.plan_memory(cfg, model, 100, "cuda", lines.append)
     s = dataclasses.replace(memory.Settings.from_config(cfg, 100, 4), micro_batch_size=cfg.micro_batch_size)
     assert cfg.gradient_checkpointing and not cfg.share_prompt and model.is_gradient_checkpointing
     assert 1 <= cfg.micro_batch_size < 12 and memory.estimate(model.config, s)["card"] <= tight * 1e9
@@ -551,12 +552,12 @@ def test_plan_memory_picks_the_micro_batch_and_says_so(tiny_model_dir):
     assert f"micro-batches of {cfg.micro_batch_size} completions, checkpointing on" in lines[0]
     roomy = parse_args(argv + ["--memory_budget_gb", "2"])
     model, _, _ = load_model(tiny_model_dir, lora_rank=4)
-    roomy = train.plan_memory(roomy, model, 100, "cuda", lines.append)
+    roomy = memory_plan.plan_memory(roomy, model, 100, "cuda", lines.append)
     assert (roomy.gradient_checkpointing, roomy.share_prompt, roomy.micro_batch_size) == (False, True, 12)
     assert not model.is_gradient_checkpointing and "checkpointing off" in lines[-1]
     cfg.micro_batch_size, cfg.memory_budget_gb = None, 1e-4
     with pytest.raises(ConfigError, match="does not fit"):
-        train.plan_memory(cfg, model, 100, "cuda", lines.append)
+        memory_plan.plan_memory(cfg, model, 100, "cuda", lines.append)
 
 
 @pytest.mark.parametrize("shard", [None, "100KB"])
