@@ -346,7 +346,7 @@ def report_trl(args, res):
             part[f"{g}_over_{b}_range"] = [min(ratios), max(ratios)]
             print(f"   {names[g]} / {names[b]} {part[f'{g}_over_{b}']:.3f} [{min(ratios):.3f}-{max(ratios):.3f}]; "
                   f"GTPO outside TRL's forwards {part[f'{g}_added_s']:.3f} s a step "
-                  f"({100 * part[f'{g}_added_share']:.2f} % of it), of which a pass of its own for <H>_i "
+                  f"({100 * part[f'{g}_added_share']:.3f} % of it), of which a pass of its own for <H>_i "
                   f"{part[f'{g}_entropy_pass_s']:.3f} s; the first step's <H>_ini pass "
                   f"{part[f'{g}_first_entropy_pass_s']:.2f} s, once a run")
     if "gtpo" in step and "grpo" in step:
