@@ -141,7 +141,7 @@ class Objective:
         return method == "gtpo" or self.entropy_filter in ("all", "neg")
 
     def entropy_grad(self, method):
-        """Whether <H>_i needs its gradient: Eq. 7's -gamma <H>_i is a term of the loss."""
+        """Whether <H>_i needs its gradient: Eq. 7's -gamma <H>_i is a term of the objective (the loss adds it)."""
         return self.entropy_term == "eq7" and self.ent_gamma != 0 and self.shapes(method)
 
     def unread(self, method):

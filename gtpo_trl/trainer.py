@@ -141,9 +141,9 @@ class GTPOTrainer(GRPOTrainer):
         """TRL's loss on the per-token advantages (its clip, KL, masks, normalisation, MoE loss and metrics), plus
         Eq. 7's +gamma <H>_i with its gradient through TRL's entropies where entropy_term is "eq7", aggregated as
         the loss type says (_totals); sum_completions (loss_type "grpo") sums the completions' terms."""
-        o, own = self.objective, own_tokens(inputs)                                 # (n, T)
+        objective, own = self.objective, own_tokens(inputs)                         # own (n, T)
         totals = self._totals(inputs, own)
-        scale = totals.completions if o.sum_completions else 1.0                  # Listing 3: no 1/G
+        scale = totals.completions if objective.sum_completions else 1.0          # Listing 3: no 1/G
         given = {**inputs, "advantages": inputs["advantages"] * scale}
         self._in_loss = (given, inputs, own, scale)
         try:
@@ -151,9 +151,9 @@ class GTPOTrainer(GRPOTrainer):
         finally:
             self._in_loss = None
         entropy, self._entropies = self._entropies, None
-        if o.entropy_grad("gtpo"):
+        if objective.entropy_grad("gtpo"):
             h = gtpo.masked_mean(entropy, own, dim=1)                               # (n,) <H>_i, with grad
-            term = gtpo.aggregate(torch.zeros_like(entropy), own, o.loss_type, o.ent_gamma * h, totals)
+            term = gtpo.aggregate(torch.zeros_like(entropy), own, objective.loss_type, objective.ent_gamma * h, totals)
             mode = "train" if self.model.training else "eval"
             undivided = totals.completions / len(own)                               # TRL logs per micro-batch
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(loss.detach() * undivided).mean().item())

@@ -210,10 +210,10 @@ def settings():
     and gtpo.Objective's where Config.objective stands."""
     for f in dataclasses.fields(Config):
         if f.name == "objective":
-            for o in dataclasses.fields(gtpo.Objective):
-                meta = {"help": o.metadata["help"], "group": "objective", "check": o.metadata["check"]}
-                yield o.name, o.default, {**meta, **({"choices": list(o.metadata["choices"])}
-                                                     if o.metadata["choices"] else {})}
+            for s in dataclasses.fields(gtpo.Objective):
+                meta = {"help": s.metadata["help"], "group": "objective", "check": s.metadata["check"]}
+                yield s.name, s.default, {**meta, **({"choices": list(s.metadata["choices"])}
+                                                     if s.metadata["choices"] else {})}
         elif f.metadata.get("group"):
             yield f.name, f.default, {k: v for k, v in f.metadata.items() if k != "unrecorded"}
 
