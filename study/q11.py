@@ -158,28 +158,32 @@ def collapsed(name, seed, p):
 
 
 def plot_q11(path, p):
-    """Each seed's collapse step under the three arms, a line joining a seed's arms; a run that never collapsed sits
-    on the top row ("none")."""
+    """Each seed's collapse step under the three arms, a line joining a seed's arms (those finished so far); a run that
+    never collapsed sits on the top row ("none")."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from study.plan import arm, collapse_step
-    seeds = [s for s in Q11_SEEDS if all(load(arm(n, p).run_id(s)) for n in ARMS)]
+    seeds = [s for s in Q11_SEEDS if any(load(arm(n, p).run_id(s)) for n in ARMS)]
     if not seeds:
         return False
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     top = 110
     for k, s in enumerate(seeds):
-        steps = [collapse_step(d["rl"], d.get("diverged.json")) for d in (load(arm(n, p).run_id(s)) for n in ARMS)]
-        y = [top if v is None else v for v in steps]
+        runs = [(i, load(arm(n, p).run_id(s))) for i, n in enumerate(ARMS)]
+        xy = [(i, collapse_step(d["rl"], d.get("diverged.json"))) for i, d in runs if d]
         jitter = (k - len(seeds) / 2) * 0.012
-        ax.plot([i + jitter for i in range(3)], y, "-o", color=f"C{k % 10}", alpha=0.7, ms=5, lw=1)
+        ax.plot([i + jitter for i, _ in xy], [top if v is None else v for _, v in xy], "-o", color=f"C{k % 10}",
+                alpha=0.7, ms=5, lw=1, label=f"seed {s}")
     ax.set_xticks(range(3), [arm(n, p).label for n in ARMS])
     ax.set_yticks([0, 25, 50, 75, 100, top], ["0", "25", "50", "75", "100", "none"])
     ax.set_ylim(0, top + 5)
+    ax.set_xlim(-0.3, 2.3)
+    ax.legend(fontsize=7, ncol=4, loc="lower center")
     ax.set_ylabel("collapse step (Q6's rule)")
-    ax.set_title(f"Q11: collapse step per seed ({len(seeds)} of {len(Q11_SEEDS)} seeds), a line per seed", fontsize=10)
+    ax.set_title(f"Q11: collapse step per seed, a line per seed ({len(seeds_done(p))} of {len(Q11_SEEDS)} seeds "
+                 f"with all three runs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
