@@ -211,9 +211,10 @@ def vlm_dir(request, tmp_path_factory):
 
 @pytest.mark.slow
 def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir, monkeypatch):
-    """<H>_i of a batch with images equals the mean, over each completion's tokens, of the entropies TRL's loss
-    forward computes for it, and differs from the text-only value (the prompt-once pass on the same tokens without
-    the images); Eq. 5's conflict spans are sought in the completions alone, where no image is."""
+    """<H>_i of a batch with images sees the images: the first batch's pass for <H>_ini (entropy_filter "auto") equals
+    the mean, over each completion's tokens, of the entropies TRL's loss forward computes for it, and the next
+    batch's, taken from that loss forward, differs from the text-only value (the prompt-once pass on the same tokens
+    without the images); Eq. 5's conflict spans are sought in the completions alone, where no image is."""
     seen = {}
     spans = gtpo.batch_conflict_weights
 
@@ -238,7 +239,14 @@ def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir, monkeypatch):
                 seen.setdefault("loss_entropy", entropy.detach())
             return logps, entropy, aux
 
-    _, _, t = _train(vlm_dir, "gtpo", cls=Recording, max_steps=1, **OFF)
+        def _shape_in_loss(self, entropies):
+            super()._shape_in_loss(entropies)
+            inputs, own = self._in_loss[1], self._in_loss[2]
+            with torch.no_grad():
+                text_only = gtpo.masked_mean(self._prompt_once_entropy(inputs), own, dim=1)
+            seen.setdefault("deferred", (gtpo.masked_mean(entropies.detach().float(), own, dim=1), text_only))
+
+    _, _, t = _train(vlm_dir, "gtpo", cls=Recording, max_steps=2, entropy_filter="auto", ent_gamma=0.0)
     out, h = seen["out"], seen["h"]
     assert set(MULTIMODAL) & set(out) >= {"pixel_values"}
     loss_in = seen["loss_inputs"]                                       # the same rows, which TRL shuffles
@@ -251,6 +259,8 @@ def test_entropy_sees_the_images_as_trls_loss_does(vlm_dir, monkeypatch):
     with torch.no_grad():
         text_only = gtpo.masked_mean(t._prompt_once_entropy(out), out["completion_mask"], dim=1)
     assert (h - text_only).abs().max() > 1e-3, (h, text_only)
+    with_images, without = seen["deferred"]                             # the second batch: from the loss forward
+    assert (with_images - without).abs().max() > 1e-3, (with_images, without)
     assert torch.equal(seen["span_ids"], out["completion_ids"])
 
 
