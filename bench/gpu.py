@@ -48,8 +48,7 @@ import torch
 
 import step as steps
 from machinery.models import autocast
-from speedups import memory
-from speedups import merged_rollout
+from speedups import memory, memory_plan, merged_rollout
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
@@ -357,7 +356,7 @@ def cap40_child(args, folder, res):
     cfg, model, tok, optimizer, params = setup(args, folder, [*args.flags.split(), "--memory_budget_gb", str(CAP_GB)])
     prompt, answer = bench_prompt(tok, 250)
     said = []
-    cfg = train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device,
+    cfg = memory_plan.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device,
                             said.append)
     row = {"budget_gb": CAP_GB, "plan": said, "rollout": cfg.rollout, "micro_batch_size": cfg.micro_batch_size,
            "gradient_checkpointing": cfg.gradient_checkpointing, "steps": [], "out_of_memory": False}
@@ -451,7 +450,7 @@ def run(args, res):
         cap40(args, folder, gpu)
     cfg, model, tok, optimizer, params = setup(args, folder, args.flags.split())
     prompt, answer = bench_prompt(tok, 250)
-    cfg = train.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
+    cfg = memory_plan.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device, print)
     print(f"\n{args.gpu_shape} ({'random' if folder.startswith(tempfile.gettempdir()) else 'its own'} weights), "
           f"4-bit NF4, LoRA {cfg.lora_rank}, on {res['device']}: set up in {time.time() - t0:.0f} s")
     for part in parts:

@@ -386,9 +386,9 @@ def finish(cfg):
         raise ConfigError(f"--allow_changes {cfg.allow_changes!r}: {', '.join(sorted(unknown))} not among the run's "
                           f"identity ({', '.join(identity_keys())}); other settings may change on --resume freely")
     cuda = cfg.device.startswith("cuda")
-    if cfg.gradient_checkpointing is None and not cuda:  # on CUDA train.plan_memory decides by the estimate
+    if cfg.gradient_checkpointing is None and not cuda:  # on CUDA the memory plan decides by the estimate
         cfg.gradient_checkpointing = False
-    if cfg.micro_batch_size is None and not cuda:       # on CUDA train.plan_memory picks it
+    if cfg.micro_batch_size is None and not cuda:       # on CUDA the memory plan picks it
         cfg.micro_batch_size = 0
     if cfg.gradient_checkpointing:
         cfg.share_prompt = False                        # checkpointed layers cannot keep a KV cache

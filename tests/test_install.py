@@ -111,7 +111,7 @@ def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path,
     assert r.returncode == 0 and "--reward_funcs" in r.stdout and "--conflict_weight" in r.stdout, r.stderr[-2000:]
 
 
-def _readme_trl_snippet():
+def _trl_snippet():
     """The Python block of docs/trl.md's "In a script of your own", as written."""
     with open(os.path.join(HERE, "docs", "trl.md")) as f:
         section = f.read().split("## In a script of your own", 1)[1].split("\n## ", 1)[0]
@@ -119,7 +119,7 @@ def _readme_trl_snippet():
 
 
 @pytest.mark.slow
-def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys):
+def test_the_trl_snippet_and_the_example_run_as_written(tmp_path, capsys):
     """docs/trl.md "In a script of your own": after `pip install .` the snippet runs as written from a folder outside the clone
     (nothing of the clone on the path), earns rewards that differ within a group (so a gradient flows) and
     writes under runs/; `python -m gtpo_trl --example --max_steps 1` leaves an adapter and metrics that eval.py reads;
@@ -138,7 +138,7 @@ def test_the_readme_trl_snippet_and_the_example_run_as_written(tmp_path, capsys)
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(target), str(_source(tmp_path))], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    snippet = _readme_trl_snippet()
+    snippet = _trl_snippet()
     assert "max_steps=2" in snippet and snippet.count("\n") <= 13
     r = subprocess.run([sys.executable, "-c", snippet], cwd=user, capture_output=True, text=True, timeout=900,
                        env=_clean_env(PYTHONPATH=str(target), PYTHONWARNINGS="default"))

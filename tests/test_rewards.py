@@ -424,7 +424,7 @@ def test_a_term_added_to_reward_reaches_training_eval_and_trl(monkeypatch, tiny_
 
 
 @pytest.mark.slow
-def test_the_readme_reward_edit_passes_the_test_it_names(tmp_path):
+def test_the_pages_reward_edit_passes_the_test_it_names(tmp_path):
     """docs/training.md "Changing the reward", done as a user would: its block replaces rewards.reward in a copy of
     the clone; the length penalty is then in the total, and the test the page names passes there."""
     import shutil

@@ -673,7 +673,7 @@ def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_the_readme_own_data_check_runs_offline_as_written(tmp_path):
+def test_the_pages_own_data_check_runs_offline_as_written(tmp_path):
     """docs/training.md "Your own data": its short test, copied from the page, on a file of one's own with the Hub
     unreachable (HF_HUB_OFFLINE=1): two RL steps, and the example is the file's first record."""
     import subprocess
