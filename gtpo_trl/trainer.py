@@ -55,8 +55,9 @@ def per_token_advantages(ids, mask, advantages, h, group_size, objective, mode, 
     Returns (A (N, T) float32, metrics dict of floats).
     """
     weights, n_conf, metrics = conflict_weights(ids, mask, advantages, group_size, objective, own)
-    shaped, filtered = shaped_advantages(advantages, h, objective, mode)
-    return gtpo.token_advantages(weights, n_conf, shaped, objective), {**metrics, **filtered}
+    shaped = gtpo.shaped_advantages(advantages, h, objective, mode)                 # (N,) Eq. 6-7
+    metrics.update(filtered_metrics(advantages, h, objective, mode))
+    return gtpo.token_advantages(weights, n_conf, shaped, objective), metrics
 
 
 def conflict_weights(ids, mask, advantages, group_size, objective, own=None):
@@ -69,12 +70,13 @@ def conflict_weights(ids, mask, advantages, group_size, objective, own=None):
                              "gtpo/mean_weight": gtpo.masked_mean(weights, ours).item()}
 
 
-def shaped_advantages(advantages, h, objective, mode):
-    """Eq. 6-7 on A_i (N,) with <H>_i (N,): the shaped advantages (N,) and what the filter removed (metrics)."""
-    shaped = gtpo.shaped_advantages(advantages, h, objective, mode)                 # (N,) Eq. 6-7
+def filtered_metrics(advantages, h, objective, mode):
+    """What Eq. 6's filter removes from A_i (N,) with <H>_i (N,) under `mode`: gtpo/filtered_frac and its mean <H>_i."""
+    if mode == "off":
+        return {"gtpo/filtered_frac": 0.0, "gtpo/filtered_entropy": 0.0}
     delta = gtpo.filter_deltas(advantages, h, objective.ent_threshold, mode)       # (N,) Eq. 6
-    frac, h_dropped = gtpo.filtered_stats(advantages, delta, h, objective) if mode != "off" else (0.0, 0.0)
-    return shaped, {"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped}
+    frac, h_dropped = gtpo.filtered_stats(advantages, delta, h, objective)
+    return {"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": h_dropped}
 
 
 def flat_groups_to_zero(advantages, rewards, group_size):
@@ -167,11 +169,11 @@ class GTPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         adv = inputs["advantages"]                                                  # (n,) A_i
         h = gtpo.masked_mean(entropies.detach().float(), own, dim=1)               # (n,) <H>_i
-        shaped, _ = shaped_advantages(adv, h, self.objective, self._modes[mode])
+        shaped = gtpo.shaped_advantages(adv, h, self.objective, self._modes[mode])   # (n,) Eq. 6-7
         per_token = gtpo.token_advantages(inputs["gtpo_weights"], inputs["gtpo_n_conflict"], shaped, self.objective)
         given["advantages"] = per_token.to(adv.dtype) * scale                       # (n, T)
         acc = self.accelerator                                                      # the metrics over every process
-        _, metrics = shaped_advantages(acc.gather(adv), acc.gather(h), self.objective, self._modes[mode])
+        metrics = filtered_metrics(acc.gather(adv), acc.gather(h), self.objective, self._modes[mode])
         for k, v in metrics.items():
             self._metrics[mode][k].append(v)
 
