@@ -144,8 +144,8 @@ def q11_lines(p):
     both = [(collapsed(ARMS[1], s, p), collapsed(ARMS[2], s, p)) for s in seeds_done(p)]
     if both:
         q, b, c = paired_exact_one_sided(both)
-        lines.append(f"- (no rule) the default against Eq. 7 at γ 0.03, paired: {b} seeds collapse with the default "
-                     f"only, {c} with γ 0.03 only (p = {q:.3f})")
+        lines.append(f"- (no rule) the default against Eq. 7 at γ 0.03, paired: seeds where only the default "
+                     f"collapses {b}, where only γ 0.03 does {c} (p = {q:.3f})")
     lines += ["", "Each run (⟨H⟩_ini and the filter as the run applied them):", ""]
     return [("q11", p.title, answer(p), lines + seed_table(p, p.arm_list(), "q11_cells"))]
 
