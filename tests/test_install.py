@@ -90,7 +90,8 @@ print("steps", trainer.state.global_step, "rewards", sorted(k for k in trainer.s
 @pytest.mark.slow
 def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path, tiny_model_dir):
     """A new venv (the machine's packages visible, nothing of the clone), `pip install .`, then a
-    GTPOTrainer step from a folder that holds the user's own rewards.py, with both rewards."""
+    GTPOTrainer step from a folder that holds the user's own rewards.py, with both rewards; then the command line,
+    as `gtpo-trl` and as `python -m gtpo_trl`."""
     pytest.importorskip("trl")
     venv, user = tmp_path / "venv", tmp_path / "user"
     # without a pip of its own, so that the build uses the machine's setuptools (offline: no isolation)
@@ -106,9 +107,9 @@ def test_a_fresh_venv_runs_gtpotrainer_beside_the_users_own_rewards_py(tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "steps 1 rewards" in r.stdout and "rewards/paper_reward/mean" in r.stdout and "rewards/brevity/mean" in r.stdout
-    r = subprocess.run([str(venv / "bin" / "gtpo-trl"), "--help"], cwd=user, env=_clean_env(), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0 and "--reward_funcs" in r.stdout and "--conflict_weight" in r.stdout, r.stderr[-2000:]
+    for command in ([str(venv / "bin" / "gtpo-trl")], [py, "-m", "gtpo_trl"]):       # the script, and -m as from the tree
+        r = subprocess.run(command + ["--help"], cwd=user, env=_clean_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "--reward_funcs" in r.stdout and "--conflict_weight" in r.stdout, r.stderr[-2000:]
 
 
 def _trl_snippet():
