@@ -228,7 +228,7 @@ def test_batch_conflict_weights_is_per_group():
 
 
 # -----------------------------------------------------------------------------
-# entropy and the entropy gate (Sec. 4.2, Eq. 6-7)
+# entropy, the filter delta_i and the entropy term (Sec. 4.2, Eq. 6-7)
 
 def test_token_entropy_against_float64():
     g = torch.Generator().manual_seed(0)
@@ -290,28 +290,28 @@ def test_filter_deltas_are_eq6s_zeros_and_ones():
 def test_filtered_stats_counts_only_what_the_filter_removed():
     A = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0])
     H = torch.tensor([0.2, 0.9, 1.5, 0.3, 0.8])
-    o = Objective(entropy_term="released", ent_gamma=0.1)
+    objective = Objective(entropy_term="released", ent_gamma=0.1)
     # "all": rows 1 and 2 lose their advantage; row 4 (A = 0, H > ln 2) had nothing to lose
-    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "all"), H, o)
+    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "all"), H, objective)
     assert frac == pytest.approx(2 / 5) and h == pytest.approx((0.9 + 1.5) / 2)
-    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "neg"), H, o)
+    frac, h = gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, math.log(2), "neg"), H, objective)
     assert frac == pytest.approx(1 / 5) and h == pytest.approx(0.9)
-    assert gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, 2.0, "all"), H, o) == (0.0, 0.0)
+    assert gtpo.filtered_stats(A, gtpo.filter_deltas(A, H, 2.0, "all"), H, objective) == (0.0, 0.0)
 
 
-def test_filtered_frac_and_entropy_count_a_soft_gates_share():
-    """A delta_i that scales (a variant's soft gate) instead of zeroing: filtered_frac is the sum of 1 - delta_i
+def test_filtered_frac_and_entropy_count_a_scaling_deltas_share():
+    """A delta_i that scales (a variant's soft filter) instead of zeroing: filtered_frac is the sum of 1 - delta_i
     over completions with A_i != 0, over N; filtered_entropy their <H>_i weighted by it. Hand-computed, for the
-    eq7 form (delta_i A_i) and the released one (delta_i (A_i - gamma <H>_i)); a hard gate's 0/1 gives the count."""
+    eq7 form (delta_i A_i) and the released one (delta_i (A_i - gamma <H>_i)); Eq. 6's 0/1 delta_i gives the count."""
     A = torch.tensor([1.0, -1.0, 2.0, 0.0, -0.5])
     H = torch.tensor([0.2, 0.9, 1.5, 0.8, 0.4])
     delta = torch.tensor([0.5, 1.0, 0.0, 0.25, 0.75])                  # row 3 has A = 0: nothing to remove
-    for o in (Objective(entropy_term="eq7"), Objective(entropy_term="released", ent_gamma=0.1)):
-        frac, h = gtpo.filtered_stats(A, delta, H, o)
+    for objective in (Objective(entropy_term="eq7"), Objective(entropy_term="released", ent_gamma=0.1)):
+        frac, h = gtpo.filtered_stats(A, delta, H, objective)
         assert frac == pytest.approx((0.5 + 0.0 + 1.0 + 0.25) / 5)
         assert h == pytest.approx((0.5 * 0.2 + 1.0 * 1.5 + 0.25 * 0.4) / 1.75)
         hard = (delta > 0.6).float()                                    # rows 0 and 2 zeroed (3 has A = 0)
-        assert gtpo.filtered_stats(A, hard, H, o) == pytest.approx((2 / 5, (0.2 + 1.5) / 2))
+        assert gtpo.filtered_stats(A, hard, H, objective) == pytest.approx((2 / 5, (0.2 + 1.5) / 2))
 
 
 def test_eq7_advantages_modes_drop_the_advantage_only():
@@ -343,7 +343,7 @@ def test_gtpo_loss_entropy_term_of_every_completion_with_its_gradient():
 
 
 def test_released_form_gives_no_gradient_when_all_are_filtered_eq7_does():
-    """Every completion above the threshold: the released gate zeroes the penalty with the advantage (no
+    """Every completion above the threshold: the released form zeroes the penalty with the advantage (no
     gradient at all); Eq. 7 keeps gamma <H>_i for each."""
     logp, mask, adv, w, _ = _fixture()
     H = torch.tensor([1.2, 0.9, 1.5, 0.8], requires_grad=True)
@@ -608,10 +608,10 @@ def test_losses_aggregate_through_the_one_function():
     per_token = -adv.unsqueeze(1) * w / n_conf.clamp(min=1).unsqueeze(1)
     T = gtpo.Totals(4, float(mask.sum()), 8)
     for loss_type in gtpo.LOSS_TYPES:
-        o = Objective(conflict_norm=True, ent_gamma=0.1, loss_type=loss_type)
-        loss, _ = gtpo_loss(logp, mask, token_advantages(w, n_conf, adv, o), o, entropy=h, totals=T)
+        objective = Objective(conflict_norm=True, ent_gamma=0.1, loss_type=loss_type)
+        loss, _ = gtpo_loss(logp, mask, token_advantages(w, n_conf, adv, objective), objective, entropy=h, totals=T)
         want = gtpo.aggregate(per_token, mask, loss_type, 0.1 * h, T)
         assert loss.item() == pytest.approx(want.item(), rel=1e-6)
-        loss, _ = grpo_loss(logp, None, None, mask, adv, o, entropy=h, totals=T)
+        loss, _ = grpo_loss(logp, None, None, mask, adv, objective, entropy=h, totals=T)
         want = gtpo.aggregate(-adv.unsqueeze(1).expand_as(logp), mask, loss_type, 0.1 * h, T)
         assert loss.item() == pytest.approx(want.item(), rel=1e-6)

@@ -2,7 +2,7 @@ r"""Train with GTPO, GRPO or SFT (arXiv 2508.03772). Reads top to bottom, as the
 
 config (machinery/config.py) -> setup: model, data, optimizer, resume, <H>_ini (Sec. 6) -> for each step:
     step.rl_step: rollout (no grad) -> rewards -> advantages (Eq. 8) -> conflict weights (Eq. 5)
-                  -> entropy gate (Eq. 6-7) -> loss -> backward
+                  -> entropy filter and term (Eq. 6-7) -> loss -> backward
     -> clip -> optimizer step -> log -> checkpoint
 
     python train.py                                  # offline demo: GTPO, SmolLM2-135M, arithmetic
@@ -267,7 +267,7 @@ def progress(first, total, main):
 def start_run_folder(cfg, total_steps, dist, changes, step, log, parsed):
     """Just before the run writes anything: --overwrite's old run set aside whole (runs.set_aside), then
     config.json: every setting as used, where each came from ("setup" where setup changed it from `parsed`),
-    Eq. 6's gate, the CPU threads (a CPU run repeats bit for bit only with as many). -> the folder set aside."""
+    Eq. 6's filter, the CPU threads (a CPU run repeats bit for bit only with as many). -> the folder set aside."""
     if not dist.main:
         return None
     aside = set_aside(cfg.output_dir) if cfg.overwrite and not cfg.resume else None

@@ -16,7 +16,7 @@
               input, so the measurement isolates what chunking changes.
 3. step       one training step of the embedded model (1 prompt, G=8, 64 new tokens forced with
               min_new_tokens): step.rl_step -- the very function train.py's loop calls, with the
-              demo's flags (entropy gate on) -- timed per stage through its clock: generation, reward,
+              demo's flags (entropy filter on) -- timed per stage through its clock: generation, reward,
               conflict masks, reference pass, log-prob forward, backward, then clip + optimizer as
               in the loop; for GTPO, GRPO beta=0 and GRPO beta=0.04; GTPO also "generate"
               (--rollout generate) and "plain" (also --no-share_prompt: G copies of the prompt in

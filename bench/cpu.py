@@ -80,7 +80,7 @@ def bench_step(args, G, new_tokens, rounds, names, prompt_tokens=0, micro_batch_
              "gtpo plain": ["--rollout", "generate", "--no-share_prompt"],
              "grpo b=0": ["--use_grpo"], "grpo b=0.04": ["--use_grpo", "--beta", "0.04"], "floor": ["--use_grpo"]}
     cfgs = {}
-    for name in names:    # the model's flags and micro_batch_size; the entropy gate on, so its cost is counted
+    for name in names:    # the model's flags and micro_batch_size; the entropy filter on, so its cost is counted
         a = parse_args(["--model", args.model, "--generation_size", str(G), "--max_completion_length", str(new_tokens),
                         "--logprob_chunk", str(args.logprob_chunk), "--device", args.device, "--entropy_filter", "all",
                         "--micro_batch_size", str(micro_batch_size)] + args.flags.split() + flags[name])

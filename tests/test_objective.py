@@ -150,16 +150,17 @@ def _reference(model, tok, cfg):
     return loss.item(), grads(model)
 
 
-def _trl(trainer, model, ro, o, h_ini):
+def _trl(trainer, model, ro, objective, h_ini):
     """GTPOTrainer's two halves on the same completions: per-token advantages from Eq. 8's and its own <H>_i
     pass, then its loss and gradients."""
     from gtpo_trl import per_token_advantages
-    trainer.objective, trainer.loss_type = o, o.loss_type               # TRL's loss reads its own loss_type
+    trainer.objective, trainer.loss_type = objective, objective.loss_type   # TRL's loss reads its own loss_type
     out = {"prompt_ids": ro.prompt_ids, "prompt_mask": ro.prompt_mask, "completion_ids": ro.completion_ids,
            "completion_mask": ro.completion_mask}
     h = trainer._mean_entropy(out)
-    adv = gtpo.group_advantages(REWARDS, G, o)                           # Eq. 8, as TRL's advantages give it
-    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, o, o.filter_mode("gtpo", h_ini))
+    adv = gtpo.group_advantages(REWARDS, G, objective)                           # Eq. 8, as TRL's advantages give it
+    advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, objective,
+                                         objective.filter_mode("gtpo", h_ini))
     model.train()
     model.zero_grad()
     loss = trainer._compute_loss(model, {**out, "advantages": advantages,
@@ -209,24 +210,24 @@ def test_every_path_reads_every_setting_alike(tiny_model_dir, small_vocab_lm, mo
     h = sorted(gtpo.masked_mean(h, ro.completion_mask, dim=1).tolist())
     threshold = (h[G - 1] + h[G]) / 2                                  # between the middle two <H>_i
     cases = objective_cases(threshold)
-    thresholds = {o.ent_threshold for _, o in cases}
+    thresholds = {objective.ent_threshold for _, objective in cases}
     assert min(abs(a - b) for a in h for b in thresholds) > 1e-3, (h, thresholds)   # no <H>_i on a threshold
     moved, base_results = set(), {}
     for method in ("gtpo", "grpo"):
-        for label, o in cases:
+        for label, objective in cases:
             cfg = Config(method=method, dataset="arithmetic", generation_size=G, max_completion_length=T,
-                         logprob_chunk=4, micro_batch_size=2, h_ini=0.9, objective=o)
+                         logprob_chunk=4, micro_batch_size=2, h_ini=0.9, objective=objective)
             what = f"{method} {label}"
             loop = _loop(model, tok, cfg)
             _same(_reference(model, tok, cfg), loop, 1e-6, what)
             if trainer is not None and method == "gtpo":
-                _same(_trl(trainer, model, ro, o, 0.9), loop, 1e-5, what)
+                _same(_trl(trainer, model, ro, objective, 0.9), loop, 1e-5, what)
             if ":" not in label:
-                base_results[(method, label)] = o, loop
+                base_results[(method, label)] = objective, loop
                 continue
             base, base_loop = base_results[(method, label.split(":")[0])]
             name = label.split(": ")[1].split("=")[0]
-            if name in base.unread(method) and name in o.unread(method):
+            if name in base.unread(method) and name in objective.unread(method):
                 assert not _moved(loop, base_loop), f"{what}: read by {method}, its declaration says not"
             elif _moved(loop, base_loop):
                 moved.add(name)

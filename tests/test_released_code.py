@@ -114,7 +114,7 @@ def test_released_code_is_listings_2_and_3_on_random_groups(model, monkeypatch):
     """On 120 random groups (60 steps of 2 prompts x 8), the loss and the gradient of every parameter below the
     LM head agree with the transcription within 1e-5 relative. The listing's entropy clamp (log of p >= 1e-6)
     is kept in the transcription, not in the project: it moves no <H>_i by 1e-6 here (checked), so no shaped
-    advantage A_i - 0.1 <H>_i by 1e-7, far inside the tolerance (and a gate decision only at <H>_i that close
+    advantage A_i - 0.1 <H>_i by 1e-7, far inside the tolerance (and a filter decision only at <H>_i that close
     to 0.7)."""
     seen = {"filtered": 0, "kept": 0, "all_conflict": 0, "no_conflict": 0, "zero_adv": 0, "count_differs": 0}
     worst = 0.0

@@ -153,11 +153,11 @@ def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective(ti
     m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], base)
     filtered, moving = set(), []
     for method in ("gtpo", "grpo"):
-        for label, o in objective_cases(m["entropy"]):               # about half of the completions above it
+        for label, objective in objective_cases(m["entropy"]):               # about half of the completions above it
             results = []
             for mb in (0, 2, 4):
                 model.zero_grad()
-                cfg = dataclasses.replace(base, method=method, micro_batch_size=mb, objective=o)
+                cfg = dataclasses.replace(base, method=method, micro_batch_size=mb, objective=objective)
                 m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], cfg)
                 results.append((m, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
             (m0, g0), others = results[0], results[1:]
@@ -407,24 +407,24 @@ def test_grpo_takes_the_entropy_filter_and_term_only_when_asked():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     h = torch.tensor([1.2, 1.5, 0.9, 1.2])                     # <H>_i: rows 0, 1 and 3 above 1.05
-    def policy_loss(o):
-        return gtpo.policy_loss(o, "grpo", o.filter_mode("grpo"), logp, mask, adv, h)
+    def policy_loss(objective):
+        return gtpo.policy_loss(objective, "grpo", objective.filter_mode("grpo"), logp, mask, adv, h)
     plain, _, delta = policy_loss(gtpo.Objective())
     assert delta is None and plain.item() == gtpo.grpo_loss(logp, None, None, mask, adv)[0].item()
     # released: delta_i (A_i - gamma <H>_i)
-    o = gtpo.Objective(entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1, entropy_term="released")
-    filtered, m, delta = policy_loss(o)
+    objective = gtpo.Objective(entropy_filter="all", ent_threshold=1.05, ent_gamma=0.1, entropy_term="released")
+    filtered, m, delta = policy_loss(objective)
     assert delta.tolist() == [0.0, 0.0, 1.0, 0.0]
     want = torch.tensor([0.0, 0.0, 0.5 - 0.09, 0.0])
-    torch.testing.assert_close(gtpo.shaped_advantages(adv, h, o, "all"), want)
+    torch.testing.assert_close(gtpo.shaped_advantages(adv, h, objective, "all"), want)
     assert filtered.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
     assert filtered.item() != pytest.approx(plain.item())
-    neg, _, delta = policy_loss(dataclasses.replace(o, entropy_filter="neg"))
+    neg, _, delta = policy_loss(dataclasses.replace(objective, entropy_filter="neg"))
     assert delta.tolist() == [1.0, 0.0, 1.0, 0.0]                    # OnlyNeg keeps row 0 (A > 0)
     want = torch.tensor([1.0 - 0.12, 0.0, 0.41, 0.0])
     assert neg.item() == pytest.approx(gtpo.grpo_loss(logp, None, None, mask, want)[0].item(), abs=1e-7)
     # Eq. 7: delta_i A_i, and + gamma <H>_i over every completion, filtered or not
-    eq7, _, delta = policy_loss(dataclasses.replace(o, entropy_term="eq7"))
+    eq7, _, delta = policy_loss(dataclasses.replace(objective, entropy_term="eq7"))
     assert delta.tolist() == [0.0, 0.0, 1.0, 0.0]
     want = gtpo.grpo_loss(logp, None, None, mask, torch.tensor([0.0, 0.0, 0.5, 0.0]))[0].item()
     assert eq7.item() == pytest.approx(want + 0.1 * (1.2 + 1.5 + 0.9 + 1.2) / 4, abs=1e-6)

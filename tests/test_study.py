@@ -819,7 +819,7 @@ def test_q10_arms_change_only_what_part_10_declares():
             assert flags == plan.WARMUP_LONG and name in ("warmup-q10-learn", "warmup-q10-collapse",
                                                           "warmup-q10h-collapse")
             continue
-        o = parse_args([*flags, "--seed", str(seed)]).objective
+        objective = parse_args([*flags, "--seed", str(seed)]).objective
         if "collapse" in name:
             warmup = "warmup-q10h-collapse" if name.endswith("g0.03") else "warmup-q10-collapse"   # the amendment
             assert seed in plan.Q6_SEEDS and start == f"{warmup}-s{seed}" and evals == ("rung",)
@@ -832,7 +832,8 @@ def test_q10_arms_change_only_what_part_10_declares():
                 continue
             assert flags[:len(plan.Q7_GTPO)] == plan.Q7_GTPO
             want = ("eq7", float(name.split("-g")[1]))
-        assert (o.entropy_term, o.ent_gamma) == want and o.entropy_filter == "auto", run_id
+        assert (objective.entropy_term, objective.ent_gamma) == want, run_id
+        assert objective.entropy_filter == "auto", run_id
     assert {plan.arm(n).when for n in ("q10-collapse-g0.001", "q10-learn-g0.001")} == {"0.001"}
 
 

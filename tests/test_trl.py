@@ -47,8 +47,10 @@ def _trainer(tmp_path, model, tok, **kw):
 
 
 @pytest.mark.parametrize("term", ["eq7", "released"])
-@pytest.mark.parametrize("gate,loss_type", [("off", "grpo"), ("all", "grpo"), ("neg", "dapo"), ("all", "dr_grpo")])
-def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_model_dir, tiny_lm, gate, loss_type,
+@pytest.mark.parametrize("filter_mode,loss_type",
+                         [("off", "grpo"), ("all", "grpo"), ("neg", "dapo"), ("all", "dr_grpo")])
+def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_model_dir, tiny_lm, filter_mode,
+                                                                 loss_type,
                                                                  term):
     """At T = 0.7 both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7"
     both add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
@@ -62,12 +64,13 @@ def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_m
     with torch.no_grad():
         _, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=0.7)
     h = gtpo.masked_mean(ent, mask, dim=1)                             # (N,) <H>_i
-    t = _trainer(tmp_path, model, tok, entropy_filter=gate, ent_threshold=float(h.median()), temperature=0.7,
+    t = _trainer(tmp_path, model, tok, entropy_filter=filter_mode, ent_threshold=float(h.median()), temperature=0.7,
                  entropy_term=term, loss_type=loss_type)
-    o = t.objective
+    objective = t.objective
     out = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": ids, "completion_mask": mask}
     torch.testing.assert_close(t._mean_entropy(out), h, atol=1e-4, rtol=1e-5)
-    per_token, metrics = per_token_advantages(ids, mask, gtpo.group_advantages(rewards, 4, o), h, 4, o, gate)
+    adv = gtpo.group_advantages(rewards, 4, objective)
+    per_token, metrics = per_token_advantages(ids, mask, adv, h, 4, objective, filter_mode)
     model.train()
     model.zero_grad()
     inputs = {**out, "advantages": per_token, "num_items_in_batch": mask.sum()}
@@ -80,12 +83,13 @@ def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_m
     g_trl = grads(model)
     # ours: gtpo.policy_loss on the same completions, as the loop calls it
     model.zero_grad()
-    adv = gtpo.group_advantages(rewards, 4, o)
-    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, adv, 4, o)
-    logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=0.7, entropy_grad=o.entropy_grad("gtpo"))
+    adv = gtpo.group_advantages(rewards, 4, objective)
+    weights, _, n_conf = gtpo.batch_conflict_weights(ids, mask, adv, 4, objective)
+    logp, ent = sequence_logprobs(model, p_ids, p_mask, ids, mask, temperature=0.7,
+                                  entropy_grad=objective.entropy_grad("gtpo"))
     h_ours = gtpo.masked_mean(ent, mask, dim=1)                        # (N,) with grad under "eq7"
     assert h_ours.requires_grad == (term == "eq7")
-    ours, _, _ = gtpo.policy_loss(o, "gtpo", gate, logp, mask, adv, h_ours, weights, n_conf,
+    ours, _, _ = gtpo.policy_loss(objective, "gtpo", filter_mode, logp, mask, adv, h_ours, weights, n_conf,
                                   totals=gtpo.Totals(N, float(mask.sum()), t.args.max_completion_length))
     ours.backward()
     assert loss.item() == pytest.approx(ours.item(), abs=1e-6) and ours.item() != 0
@@ -287,10 +291,11 @@ def _two_process_worker(model_dir, out):
     recorded = {}
     compute = trainer.per_token_advantages
 
-    def recording(ids, mask, adv, h, G, o, gate, own):
-        recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G, gate=gate,
-                        o=dataclasses.asdict(o))
-        return compute(ids, mask, adv, h, G, o, gate, own)
+    def recording(ids, mask, adv, h, G, objective, filter_mode, own):
+        recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G,
+                        filter_mode=filter_mode,
+                        objective=dataclasses.asdict(objective))
+        return compute(ids, mask, adv, h, G, objective, filter_mode, own)
     trainer.per_token_advantages = recording
 
     class Saving(GTPOTrainer):
@@ -334,8 +339,8 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     assert a["G"] == 8 and len(a["rows"]) == len(b["rows"]) == 4         # the group straddles the processes
     for k in ("ids", "mask", "adv", "h"):
         assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
-    one, _ = per_token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8, gtpo.Objective(**a["o"]),
-                                  a["gate"])                                # one process, all 8 rows
+    one, _ = per_token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8, gtpo.Objective(**a["objective"]),
+                                  a["filter_mode"])                                # one process, all 8 rows
     assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
     for x in ranks:
         T = x["rows"].shape[1]

@@ -56,8 +56,8 @@ def test_recipe_reads_trls_fields_and_gtpos_own(tmp_path):
     assert model.model_name_or_path == "some/model" and script.reward_funcs == ["cli_rewards.length_reward"]
     assert (training.num_generations, training.max_completion_length, training.loss_type) == (4, 8, "grpo")
     assert (training.conflict_weight, training.entropy_term, training.ent_gamma) == (1.5, "eq7", 0.01)
-    o = training.objective()
-    assert (o.conflict_weight, o.entropy_term, o.ent_gamma) == (1.5, "eq7", 0.01)
+    objective = training.objective()
+    assert (objective.conflict_weight, objective.entropy_term, objective.ent_gamma) == (1.5, "eq7", 0.01)
 
 
 def test_the_papers_recipe_is_train_pys_paper_run(tmp_path):
