@@ -50,8 +50,7 @@ def _trainer(tmp_path, model, tok, **kw):
 @pytest.mark.parametrize("filter_mode,loss_type",
                          [("off", "grpo"), ("all", "grpo"), ("neg", "dapo"), ("all", "dr_grpo")])
 def test_trainer_loss_and_gradients_equal_ours_at_a_temperature(tmp_path, tiny_model_dir, tiny_lm, filter_mode,
-                                                                 loss_type,
-                                                                 term):
+                                                                 loss_type, term):
     """At T = 0.7 both take log-probs and entropies of softmax(logits / T), the sampled distribution; with "eq7"
     both add gamma <H>_i with its gradient (TRL's entropies there, ours from the chunked head); both aggregate
     as the loss type says (TRL's normalisers, train.py's gtpo.aggregate)."""
@@ -293,8 +292,7 @@ def _two_process_worker(model_dir, out):
 
     def recording(ids, mask, adv, h, G, objective, filter_mode, own):
         recorded.update(ids=ids.clone(), mask=mask.clone(), adv=adv.clone(), h=h.clone(), G=G,
-                        filter_mode=filter_mode,
-                        objective=dataclasses.asdict(objective))
+                        filter_mode=filter_mode, objective=dataclasses.asdict(objective))
         return compute(ids, mask, adv, h, G, objective, filter_mode, own)
     trainer.per_token_advantages = recording
 
@@ -340,7 +338,7 @@ def test_two_processes_see_whole_groups(tmp_path, tiny_model_dir):
     for k in ("ids", "mask", "adv", "h"):
         assert torch.equal(a[k], b[k]), k                               # both gathered the same whole group
     one, _ = per_token_advantages(a["ids"], a["mask"], a["adv"], a["h"], 8, gtpo.Objective(**a["objective"]),
-                                  a["filter_mode"])                                # one process, all 8 rows
+                                  a["filter_mode"])                     # one process, all 8 rows
     assert any(len(set(row[m.bool()].tolist())) > 1 for row, m in zip(one, a["mask"]))   # conflict weights
     for x in ranks:
         T = x["rows"].shape[1]
