@@ -86,9 +86,10 @@ class Objective:
                                   "(App. 16's prose); longer = the longer of the two spans (released code, Listing 2 "
                                   "line 91)", "n_i", "App. 16", (GTPO,), choices=("union", "longer"), released="longer")
     # Eq. 6: the entropy filter delta_i
-    entropy_filter: str = setting("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all; neg (OnlyNeg, App. 13); "
-                                  "off. GRPO: auto = off; all/neg add the filter and -gamma <H>_i (App. 14)", "δ_i",
-                                  "Eq. 6", (GTPO, GRPO), choices=("auto", *FILTER_MODES), released="all")
+    entropy_filter: str = setting("auto", "auto = Eq. 6 (filter iff <H>_ini < ln 2); all = delta_i on each completion; "
+                                  "neg = on A_i < 0 only (OnlyNeg, App. 13); off. GRPO: auto = off; all/neg add the "
+                                  "filter and -gamma <H>_i (App. 14)", "δ_i", "Eq. 6", (GTPO, GRPO),
+                                  choices=("auto", *FILTER_MODES), released="all")
     ent_threshold: float = setting(math.log(2), "entropy filter threshold on <H>_i (Eq. 6: ln 2)", "ln 2", "Eq. 6",
                                    (GTPO, GRPO_FILTERED), check=AT_LEAST_0, released=0.7)
     # Eq. 7: the entropy term and how the terms become the loss
@@ -126,8 +127,7 @@ class Objective:
                              f"{self.loss_type!r} has no per-completion mean to replace: drop one of the two")
 
     def filter_mode(self, method, h_ini=None):
-        """delta_i's mode as run (Eq. 6), one of FILTER_MODES: "auto" filters iff <H>_ini < ln 2 for GTPO and is
-        off for GRPO (the plain baseline; all / neg add the filter to GRPO, App. 14)."""
+        """delta_i's mode as run, one of FILTER_MODES: "auto" is Eq. 6 for GTPO (<H>_ini < ln 2), off for GRPO."""
         if self.entropy_filter != "auto":
             return self.entropy_filter
         if method != "gtpo":
