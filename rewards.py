@@ -52,8 +52,9 @@ LATEX_TASKS = {"math", "math500"}
 MAX_ANSWER_CHARS = 400          # longer answers are wrong unparsed (the longest MATH reference is 159)
 LATEX_CPU_SECONDS = 2.0         # CPU seconds one math-verify comparison may use (RLIMIT_CPU: whole seconds above it)
 LATEX_BATCH_CPU_SECONDS = 8.0   # math-verify CPU seconds per score() call; later answers are not compared
-# a safety net only against a child that gets no CPU at all: one with 1/30 of a core reaches its CPU limit first
-LATEX_WALL_BACKSTOP = 30 * LATEX_CPU_SECONDS
+# a safety net only against a child that gets no CPU at all: RLIMIT_CPU lets a comparison use up to one CPU second
+# more than its budget, so one with more than 1/30 of a core reaches its CPU limit first
+LATEX_WALL_BACKSTOP = 30 * (LATEX_CPU_SECONDS + 1)
 START_SECONDS = 120.0           # waiting for a math-verify process to import it: setup, in no bound
 
 
