@@ -158,7 +158,7 @@ def _trl(trainer, model, ro, objective, h_ini):
     out = {"prompt_ids": ro.prompt_ids, "prompt_mask": ro.prompt_mask, "completion_ids": ro.completion_ids,
            "completion_mask": ro.completion_mask}
     h = trainer._mean_entropy(out)
-    adv = gtpo.group_advantages(REWARDS, G, objective)                           # Eq. 8, as TRL's advantages give it
+    adv = gtpo.group_advantages(REWARDS, G, objective)                  # Eq. 8, as TRL's advantages give it
     advantages, _ = per_token_advantages(ro.completion_ids, ro.completion_mask, adv, h, G, objective,
                                          objective.filter_mode("gtpo", h_ini))
     model.train()

@@ -153,7 +153,7 @@ def test_micro_batches_give_the_same_loss_and_gradients_under_every_objective(ti
     m, _, _ = step.rl_step(model, model, tok, ["p", "q"], ["1", "2"], base)
     filtered, moving = set(), []
     for method in ("gtpo", "grpo"):
-        for label, objective in objective_cases(m["entropy"]):               # about half of the completions above it
+        for label, objective in objective_cases(m["entropy"]):       # about half of the completions above it
             results = []
             for mb in (0, 2, 4):
                 model.zero_grad()

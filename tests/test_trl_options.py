@@ -173,8 +173,8 @@ def test_per_token_advantages_leave_tool_output_out_of_the_counts():
     own[:, 1] = 0
     adv, h = torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.zeros(4)
     objective = gtpo.Objective(conflict_norm=True, ent_gamma=0.0)
-    per_token, m = gtpo_trainer.per_token_advantages(ids, mask, adv, h, 4, objective, "off",
-                                                       own)
+    per_token, m = gtpo_trainer.per_token_advantages(ids, mask, adv, h, 4,
+                                                       objective, "off", own)
     # the span is tokens 0-2 whatever the tool output; 2 of them are the policy's: lambda A / 2 on them
     torch.testing.assert_close(per_token, torch.tensor([[1.0, 1.0, 1.0, 0.5, 0.5]] * 2 + [[0.0, 0.0, 0.0, -0.5, -0.5]] * 2))
     assert m["gtpo/conflict_frac"] == pytest.approx(8 / 16)             # 2 of each row's 4 own tokens
