@@ -196,7 +196,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
     # ---- 1. rollout (no grad): G completions per prompt, all decoded as one batch
     with autocast(model):
         sampled = rollout(model, tok, prompts, G, cfg.max_completion_length, cfg.temperature,
-                     min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
+                          min_new_tokens=cfg.min_new_tokens, path=cfg.rollout, merge_lora=cfg.merge_lora)
     mask = sampled.completion_mask                                                        # (N, L)
     clock("generate")
     # ---- 2. rewards -> group advantages (Eq. 8)
@@ -223,7 +223,7 @@ def rl_step(model, policy, tok, prompts, answers, cfg, ref_model=None, clock=_no
         metrics.update({"gtpo/filtered_frac": frac, "gtpo/filtered_entropy": dropped_entropy})
     if cfg.method == "gtpo":
         metrics.update({"gtpo/conflict_frac": (conflict.sum() / mask.sum().clamp(min=1)).item(),
-                  "gtpo/mean_conflict_tokens": n_conflict.float().mean().item()})
+                        "gtpo/mean_conflict_tokens": n_conflict.float().mean().item()})
     return metrics, sampled, {"rewards": total, "advantages": adv, "weights": weights, "correctness": correctness}
 
 
