@@ -357,7 +357,7 @@ def cap40_child(args, folder, res):
     prompt, answer = bench_prompt(tok, 250)
     said = []
     cfg = memory_plan.plan_memory(cfg, model, len(tok(prompt, add_special_tokens=False)["input_ids"]), args.device,
-                            said.append)
+                                  said.append)
     row = {"budget_gb": CAP_GB, "plan": said, "rollout": cfg.rollout, "micro_batch_size": cfg.micro_batch_size,
            "gradient_checkpointing": cfg.gradient_checkpointing, "steps": [], "out_of_memory": False}
     print(f"\n3. cap40: {CAP_GB} GB for this process; " + (" / ".join(said) if cuda else "CPU: no cap and no plan"))

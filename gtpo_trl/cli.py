@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from trl import ScriptArguments
 
+
 @dataclass
 class GTPOScriptArguments(ScriptArguments):
     """TRL's GRPO script arguments (the dataset's name, config and splits, a reward model, reward functions), and

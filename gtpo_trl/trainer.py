@@ -44,6 +44,7 @@ try:
 except ImportError as e:                                           # TRL is optional for the rest of the project
     raise ImportError("gtpo_trl needs TRL: pip install 'gtpo[trl]' (in a clone: pip install -r requirements-trl.txt)") from e
 
+
 def per_token_advantages(ids, mask, advantages, h, group_size, objective, mode, own=None):
     """Eq. 5 and Eq. 6-7 for whole groups, from gtpo.py's functions, as train.py's loop computes them: Eq. 8's
     advantages -> per-token advantages A_{i,t} = lambda_{i,t} * shaped A_i (/ the conflict count with conflict_norm).

@@ -21,6 +21,7 @@ from study.q10 import q10_lines, q10_outcome    # noqa: F401 -- found by name (P
 from study.q11 import q11_lines, q11_outcome    # noqa: F401 -- found by name (Part.section, Answer.outcome)
 from study.verdicts import pass1, runs_of, sentence, sign_flip_p, solvable, test_row, test_rows, train_accuracy
 
+
 def question_rows():
     """Every part's questions, in PARTS' order: units, mean, run-level p, problem-level CI, verdict."""
     return [{k: v for k, v in r.items() if k != "expected"} for p in PARTS for r in test_rows(p, p.questions, True)]

@@ -6,6 +6,7 @@ import pytest
 from speedups.memory import (CPU_CHECKS, Settings, activation_rates, cpu_check, estimate, fit, measured_peak,
                              model_config, table)
 
+
 @pytest.mark.slow                                  # real runs in this process or a child: the slow tier
 @pytest.mark.parametrize("name", list(CPU_CHECKS))
 def test_estimate_is_within_20_percent_of_the_peak_measured_on_cpu(name):

@@ -85,8 +85,8 @@ def _train(model_dir, method, kind="distinct", env_mask=False, rewards=None, eva
     args = config(output_dir=f"/tmp/gtpo-options-{method}", **{**BASE, **kw})
     torch.manual_seed(0)
     t = (cls or trainer)(model=model_dir, processing_class=tok, reward_funcs=rewards or [first, second], args=args,
-                callbacks=[Grads()], train_dataset=_dataset(), eval_dataset=eval_dataset,
-                rollout_func=_rollout(tok, kind, table, env_mask))
+                         callbacks=[Grads()], train_dataset=_dataset(), eval_dataset=eval_dataset,
+                         rollout_func=_rollout(tok, kind, table, env_mask))
     t.train()
     return [row["loss"] for row in t.state.log_history if "loss" in row], steps, t
 
@@ -226,9 +226,9 @@ def test_vllm_importance_sampling_multiplies_gtpos_terms(tiny_model_dir):
     results = {}
     for method, config, trainer in (("grpo", GRPOConfig, GRPOTrainer), ("gtpo", GTPOConfig, GTPOTrainer)):
         for correction in (True, False):
-            t = trainer(model=tiny_model_dir, processing_class=tok, args=config(output_dir="/tmp/gtpo-vllm", **{
-                **BASE, **(OFF if method == "gtpo" else {})}), train_dataset=_dataset(),
-                reward_funcs=[lambda completions, **_: [0.0] * len(completions)])
+            args = config(output_dir="/tmp/gtpo-vllm", **{**BASE, **(OFF if method == "gtpo" else {})})
+            t = trainer(model=tiny_model_dir, processing_class=tok, args=args, train_dataset=_dataset(),
+                        reward_funcs=[lambda completions, **_: [0.0] * len(completions)])
             t.use_vllm, t.vllm_importance_sampling_correction = True, correction
             t.current_gradient_accumulation_steps = 1
             per_token = adv[:, None] * mask if method == "gtpo" else adv        # GTPO's A_{i,t}, lambda = 1
@@ -356,9 +356,9 @@ def test_disable_dropout_reaches_the_model(tiny_model_dir, tmp_path):
                      attn_pdrop=0.3, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     gpt2 = _saved(AutoModelForCausalLM.from_config(cfg), tmp_path, "gpt2", tiny_model_dir)
     for disable in (False, True):
-        t = GTPOTrainer(model=gpt2, processing_class=tok, train_dataset=_dataset(), args=GTPOConfig(
-            output_dir=str(tmp_path / "out"), disable_dropout=disable, **{k: v for k, v in BASE.items()}),
-            reward_funcs=[lambda completions, **_: [0.0] * len(completions)])
+        args = GTPOConfig(output_dir=str(tmp_path / "out"), disable_dropout=disable, **BASE)
+        t = GTPOTrainer(model=gpt2, processing_class=tok, train_dataset=_dataset(), args=args,
+                        reward_funcs=[lambda completions, **_: [0.0] * len(completions)])
         p = {m.p for m in t.model.modules() if isinstance(m, torch.nn.Dropout)}
         assert p == ({0} if disable else {0.3}), disable
 
