@@ -89,6 +89,7 @@ def worker(engine, model_dir, out):
         with open(os.path.join(out, "run.json"), "w") as f:
             json.dump({"engine": str(trainer.accelerator.distributed_type).split(".")[-1],
                        "loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}, f)
+    trainer.accelerator.end_training()                  # tear the group down: gloo's threads can abort at exit
 
 
 def launch(engine, model_dir, out):
@@ -103,7 +104,8 @@ def launch(engine, model_dir, out):
                "--main_process_port", port]
     r = subprocess.run(cmd + [__file__, engine, model_dir, out], cwd=HERE, capture_output=True, text=True,
                        env={**ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}, timeout=900)
-    assert r.returncode == 0, (engine, r.stderr[-4000:])
+    if r.returncode:                                    # the whole tail: a child's own error precedes the summary
+        pytest.fail(f"{engine}: exit {r.returncode}\n{r.stderr[-6000:]}", pytrace=False)
     with open(os.path.join(out, "run.json")) as f:
         return json.load(f)
 
