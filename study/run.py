@@ -147,7 +147,18 @@ def check_part_host(run_id):
             if kinds and host() not in kinds:
                 raise SystemExit(f"part {p.key} runs on one host kind ({'; '.join(sorted(kinds))}) and this host is "
                                  f"{host()}: {run_id} is not trained here (docs/study.md, part {p.key}, says what "
-                                 f"happens on another kind)")
+                                 f"happens on another kind){packages_to_install(kinds)}")
+
+
+def packages_to_install(kinds):
+    """Where only the package versions differ from a kind's, the pip install that makes this host that kind."""
+    chip, _, mine = host().partition("; ")
+    for their_chip, _, theirs in (kind.partition("; ") for kind in sorted(kinds)):
+        if their_chip == chip:
+            want, have = (dict(zip(v.split()[::2], v.split()[1::2])) for v in (theirs, mine))
+            pins = [f"{name}=={v.split('+')[0]}" for name, v in want.items() if have.get(name) != v]
+            return f". This processor is the part's: pip install {' '.join(pins)}, then run again" if pins else ""
+    return ""
 
 
 def train(run_id, flags, seed, start, shard, threads):

@@ -962,20 +962,24 @@ def test_q11_declares_fresh_seeds_paired_arms_with_q10s_flags_and_the_powered_nu
 
 def test_a_one_host_part_trains_nothing_on_another_host(tmp_path, monkeypatch):
     """Part 11 runs on one host kind: once any of its runs has a committed host (host.json or an attempt in
-    times.json), another host stops before training any of its jobs, naming both; the same host trains; a part
-    without the declaration is not held."""
+    times.json), another host stops before training any of its jobs, naming both (and, where only the packages
+    differ, the pip install that makes it the part's kind); the same host trains; a part without the declaration
+    is not held."""
     committed_in(tmp_path, monkeypatch)
     monkeypatch.setattr(study, "WORK", str(tmp_path / "work"))
     monkeypatch.setattr(study, "wait_for", lambda path: path)
-    here, there = "AMD EPYC family 25 model 17; torch 2.13.0", "Intel Xeon family 6 model 207; torch 2.13.0"
+    here, there = "AMD EPYC family 25 model 17; torch 2.13.0 peft 0.21.2", "Intel Xeon family 6 model 207; torch 2.13.0"
     monkeypatch.setattr(study, "host", lambda: here)
     study.check_part_host("q11-eq7-s40")                                  # nothing committed yet: any host
     study.record_time("warmup-q11-s31", "train", 300.0, False, (0, 2))    # an unfinished attempt counts
     monkeypatch.setattr(study, "host", lambda: there)
     monkeypatch.setattr(study, "attempt", lambda *a: pytest.fail("trained on another host kind"))
-    with pytest.raises(SystemExit, match=r"part q11 runs on one host kind \(AMD EPYC family 25 model 17.*Intel"):
+    with pytest.raises(SystemExit, match=r"one host kind \(AMD EPYC family 25 model 17.*Intel.*another kind\)$"):
         study.train("q11-grpo-s46", [], 46, "warmup-q11-s46", (0, 2), 1)
     study.check_part_host("q10-collapse-released-s21")                     # not a one-host part
+    monkeypatch.setattr(study, "host", lambda: "AMD EPYC family 25 model 17; torch 2.13.0 peft 0.22.0")
+    with pytest.raises(SystemExit, match=r"processor is the part's: pip install peft==0\.21\.2, then run again$"):
+        study.check_part_host("q11-grpo-s46")                               # packages differ: say which to install
     monkeypatch.setattr(study, "host", lambda: here)
     calls = []
     out = tmp_path / "work" / "q11-grpo-s46"
