@@ -675,7 +675,8 @@ def test_one_shot_from_names_the_example(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_the_pages_own_data_check_runs_offline_as_written(tmp_path):
     """docs/training.md "Your own data": its short test, copied from the page, on a file of one's own with the Hub
-    unreachable (HF_HUB_OFFLINE=1): two RL steps, and the example is the file's first record."""
+    unreachable (HF_HUB_OFFLINE=1), with fewer and shorter samples appended: two RL steps, and the example is the
+    file's first record."""
     import subprocess
     import sys
     from conftest import ENV
@@ -687,7 +688,8 @@ def test_the_pages_own_data_check_runs_offline_as_written(tmp_path):
                                                                         f"many now?", "answer": str(i + 2),
                                                              "solution": f"{i} + 2 = {i + 2}"}) + "\n"
                                                  for i in range(6)))
-    argv = [sys.executable, os.path.join(HERE, "train.py")] + command.split()[2:]
+    argv = [sys.executable, os.path.join(HERE, "train.py")] + command.split()[2:] + [
+        "--generation_size", "2", "--max_completion_length", "16"]                  # less work, the same path
     r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**ENV, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "one-shot example: the first train record of mine.jsonl" in r.stdout and "done:" in r.stdout
