@@ -48,7 +48,7 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, train_cli, train_here):
     config.json records (none of the flags retyped). Same final adapter, bit for bit. Each
     process has its own PYTHONHASHSEED, so the run is also one that no iteration order over strings
     (sets of names, dict keys from hashing) can steer."""
-    common = ["--max_steps", "3", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "24",
+    common = ["--max_steps", "3", "--save_steps", "2", "--generation_size", "4", "--max_completion_length", "16",
               "--sft_warmup_steps", "1", "--ent_ini_prompts", "2", "--seed", "5", "--eval_steps", "2",
               "--eval_limit", "2", "--eval_n_samples", "2"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
