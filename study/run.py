@@ -143,16 +143,16 @@ def check_part_host(run_id):
     name = run_id.rsplit("-s", 1)[0]
     for p in PARTS:
         if p.one_host and any(a.name == name and a.flags for a in p.arm_list()):
-            kinds = part_hosts(p)
-            if kinds and host() not in kinds:
+            kinds, here = part_hosts(p), host()
+            if kinds and here not in kinds:
                 raise SystemExit(f"part {p.key} runs on one host kind ({'; '.join(sorted(kinds))}) and this host is "
-                                 f"{host()}: {run_id} is not trained here (docs/study.md, part {p.key}, says what "
-                                 f"happens on another kind){packages_to_install(kinds)}")
+                                 f"{here}: {run_id} is not trained here (docs/study.md, part {p.key}, says what "
+                                 f"happens on another kind){packages_to_install(kinds, here)}")
 
 
-def packages_to_install(kinds):
-    """Where only the package versions differ from a kind's, the pip install that makes this host that kind."""
-    chip, _, mine = host().partition("; ")
+def packages_to_install(kinds, here):
+    """Where only the package versions differ from a kind's, the pip install that makes host `here` that kind."""
+    chip, _, mine = here.partition("; ")
     for their_chip, _, theirs in (kind.partition("; ") for kind in sorted(kinds)):
         if their_chip == chip:
             want, have = (dict(zip(v.split()[::2], v.split()[1::2])) for v in (theirs, mine))

@@ -80,7 +80,7 @@ def test_the_quick_start_runs_as_written_in_order(tmp_path):
         elif line == "python train.py":
             extra = extra + ["--max_steps", "9"]                            # the 8 SFT steps (checkpoint-8), 1 RL step
         else:
-            extra = extra + SHORT                                           # the line's own steps, shorter samples
+            extra = extra + SHORT                                           # no printed line depends on them
         cmd = f"{sys.executable} {os.path.join(HERE, script)} {rest} {' '.join(extra)}"
         r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
         assert r.returncode == 0, (line, r.stderr[-3000:])
